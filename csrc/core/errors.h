@@ -1,0 +1,62 @@
+// Typed errors of the core. Every message names the bad value or the numbers behind a refusal and
+// says what to change.
+#pragma once
+
+#include <cstddef>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+namespace gpumem {
+
+// A limit spec (or another user setting) that does not parse or is out of range. The setting it
+// was meant for is left unchanged.
+class LimitSpecError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// A device index that the backend does not have.
+class DeviceError : public std::out_of_range {
+ public:
+  using std::out_of_range::out_of_range;
+};
+
+// Why a request could not be served; the OOM message says which.
+enum class OomKind {
+  kOverLimit,      // allocated bytes plus the request exceed the limit
+  kDeviceFull,     // under the limit, but the device itself had no memory left
+  kFragmentation,  // within the limit, but no cached block is large enough and no segment fits
+};
+
+const char* oom_kind_name(OomKind kind);
+
+// Everything known at the moment a request failed.
+struct OomInfo {
+  int device = 0;
+  OomKind kind = OomKind::kOverLimit;
+  std::size_t requested = 0;   // bytes asked for, before rounding
+  std::size_t allocated = 0;   // bytes in allocated blocks
+  std::size_t reserved = 0;    // bytes in segments
+  std::size_t limit = 0;       // the cap on reserved bytes
+  std::size_t device_free = 0;
+  std::size_t device_total = 0;
+  std::size_t largest_free_block = 0;
+};
+
+// Derives from std::bad_alloc so generic C++ code treats it as an allocation failure.
+class OutOfMemoryError : public std::bad_alloc {
+ public:
+  explicit OutOfMemoryError(const OomInfo& info);
+  const char* what() const noexcept override { return message_.c_str(); }
+  const OomInfo& info() const noexcept { return info_; }
+
+ private:
+  OomInfo info_;
+  std::string message_;
+};
+
+// "4.00 GiB", "512 bytes": the form every message uses.
+std::string format_bytes(std::size_t bytes);
+
+}  // namespace gpumem
