@@ -1,0 +1,69 @@
+#include "core/caching_allocator.h"
+
+#include <string>
+
+namespace gpumem {
+
+CachingAllocator::CachingAllocator(Backend& backend, AllocatorConfig defaults)
+    : backend_(backend),
+      configs_(backend.device_count(), defaults),
+      devices_(backend.device_count()),
+      ready_(backend.device_count()) {}
+
+void CachingAllocator::check_index(int index) const {
+  if (index >= 0 && index < device_count()) return;
+  const std::string range = device_count() == 0 ? "there are no devices" : "devices are 0.." + std::to_string(device_count() - 1);
+  throw DeviceError("gpumem: device " + std::to_string(index) + " does not exist; " + range);
+}
+
+DeviceAllocator& CachingAllocator::device(int index) {
+  check_index(index);
+  if (DeviceAllocator* ready = ready_[index].load(std::memory_order_acquire)) return *ready;
+  std::lock_guard<std::mutex> lock(create_mutex_);
+  if (!devices_[index]) {
+    devices_[index] = std::make_unique<DeviceAllocator>(backend_, index, configs_[index]);
+    ready_[index].store(devices_[index].get(), std::memory_order_release);
+  }
+  return *devices_[index];
+}
+
+DeviceAllocator* CachingAllocator::existing(int index) const {
+  check_index(index);
+  return ready_[index].load(std::memory_order_acquire);
+}
+
+void CachingAllocator::configure(int index, const AllocatorConfig& config) {
+  check_index(index);
+  std::lock_guard<std::mutex> lock(create_mutex_);
+  configs_[index] = config;
+}
+
+void* CachingAllocator::raw_alloc(int device, std::size_t size, StreamId stream) {
+  Block* block = malloc(device, size, stream);
+  Shard& s = shard(block->ptr());
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.blocks.emplace(block->ptr(), block);
+  return block->ptr();
+}
+
+void CachingAllocator::raw_free(void* ptr) {
+  Block* block = nullptr;
+  {
+    Shard& s = shard(ptr);
+    std::lock_guard<std::mutex> lock(s.mutex);
+    auto it = s.blocks.find(ptr);
+    if (it == s.blocks.end()) throw std::invalid_argument("gpumem: raw_free of a pointer that raw_alloc did not return");
+    block = it->second;
+    s.blocks.erase(it);
+  }
+  free(block);
+}
+
+Block* CachingAllocator::find_raw(void* ptr) const {
+  Shard& s = shard(ptr);
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto it = s.blocks.find(ptr);
+  return it == s.blocks.end() ? nullptr : it->second;
+}
+
+}  // namespace gpumem

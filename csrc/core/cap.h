@@ -1,0 +1,45 @@
+// The hard cap on one device's reserved bytes.
+//
+// Bytes are counted as reserved before the backend is asked for them and given back if it refuses
+// (reserve, ask, roll back), so reserved never passes the limit, not by one byte, whatever the
+// threads do. Lowering the limit below what is reserved is allowed: nothing grows until reserved
+// is under it again.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+
+namespace gpumem {
+
+class Cap {
+ public:
+  explicit Cap(std::size_t limit) : limit_(limit) {}
+
+  // Counts `bytes` as reserved if reserved + bytes stays within the limit.
+  bool try_reserve(std::size_t bytes) {
+    std::size_t current = reserved_.load(std::memory_order_relaxed);
+    do {
+      const std::size_t limit = limit_.load(std::memory_order_relaxed);
+      if (current > limit || bytes > limit - current) return false;
+    } while (!reserved_.compare_exchange_weak(current, current + bytes, std::memory_order_relaxed));
+    return true;
+  }
+
+  void unreserve(std::size_t bytes) { reserved_.fetch_sub(bytes, std::memory_order_relaxed); }
+
+  void set_limit(std::size_t limit) { limit_.store(limit, std::memory_order_relaxed); }
+  std::size_t limit() const { return limit_.load(std::memory_order_relaxed); }
+  std::size_t reserved() const { return reserved_.load(std::memory_order_relaxed); }
+
+  // Bytes that reserved may still grow by.
+  std::size_t headroom() const {
+    const std::size_t limit = this->limit(), reserved = this->reserved();
+    return reserved < limit ? limit - reserved : 0;
+  }
+
+ private:
+  std::atomic<std::size_t> limit_;
+  std::atomic<std::size_t> reserved_{0};
+};
+
+}  // namespace gpumem

@@ -1,0 +1,488 @@
+#include "core/device_allocator.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/limit_spec.h"
+#include "core/release_policy.h"
+#include "core/sizing.h"
+
+namespace gpumem {
+
+namespace {
+
+void check_threshold(double share) {
+  if (!(share >= 0.0 && share <= 1.0)) {
+    throw LimitSpecError("gpumem: bad release threshold " + std::to_string(share) +
+                         ": expected a share of the limit in (0, 1], or 0 to turn it off");
+  }
+}
+
+}  // namespace
+
+DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorConfig& config)
+    : backend_(backend), device_(device), cap_(0), release_threshold_(0.0) {
+  device_total_ = backend_.mem_info(device).total;
+  check_threshold(config.release_threshold);
+  if (config.limit && *config.limit > device_total_) {
+    throw LimitSpecError("gpumem: limit of " + format_bytes(*config.limit) + " is above device " +
+                         std::to_string(device) + "'s total of " + format_bytes(device_total_));
+  }
+  cap_.set_limit(config.limit.value_or(device_total_));
+  release_threshold_ = config.release_threshold;
+}
+
+DeviceAllocator::~DeviceAllocator() {
+  // The owner is going away: give everything back, live blocks included.
+  for (const PendingFree& p : pending_) backend_.destroy_event(device_, p.event);
+  for (auto& [addr, segment] : segments_) backend_.release(device_, segment->head->ptr(), segment->size);
+}
+
+// ---- malloc: the fallback chain ----
+
+Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // While a graph may be capturing, event queries are illegal; blocks wait until it ends.
+  if (pool_targets_.empty()) process_events();
+  device_refused_ = false;
+  const std::size_t size = round_size(requested);
+  const bool small = is_small(size);
+  Pool& pool = pool_for_locked(stream);
+
+  Block* block = try_cached(pool, small, stream, size);
+  if (!block && stats_.allocated_bytes[kAll].current + size > cap_.limit()) throw_oom(requested, size);
+  if (!block) block = try_new_segment(pool, small, stream, size);
+  if (!block && release_for(tight_segment_size(size))) {
+    ++stats_.num_alloc_retries;
+    block = try_new_segment(pool, small, stream, size);
+  }
+  if (!block && pool_targets_.empty()) {
+    ++stats_.num_alloc_retries;
+    synchronize_and_process_events();
+    release_all_unused();
+    block = try_cached(pool, small, stream, size);
+    if (!block) block = try_new_segment(pool, small, stream, size);
+  }
+  if (!block) throw_oom(requested, size);
+  block = place(block, size, requested);
+  debug_check();
+  return block;
+}
+
+Pool& DeviceAllocator::pool_for_locked(StreamId stream) {
+  for (auto it = pool_targets_.rbegin(); it != pool_targets_.rend(); ++it) {
+    if (it->filter(stream)) return *it->pool;
+  }
+  return default_pool_;
+}
+
+Block* DeviceAllocator::try_cached(Pool& pool, bool small, StreamId stream, std::size_t size) {
+  Block* block = take_best_fit(pool.blocks_for(small), stream, size);
+  if (block && block->is_split()) {
+    update_stat(stats_.inactive_split, small, -1);
+    update_stat(stats_.inactive_split_bytes, small, -static_cast<std::int64_t>(block->size));
+  }
+  return block;
+}
+
+Block* DeviceAllocator::try_new_segment(Pool& pool, bool small, StreamId stream, std::size_t size) {
+  const std::size_t normal = segment_size(size);
+  if (Block* block = reserve_segment(pool, small, stream, normal)) return block;
+  const std::size_t tight = tight_segment_size(size);
+  return tight == normal ? nullptr : reserve_segment(pool, small, stream, tight);
+}
+
+Block* DeviceAllocator::reserve_segment(Pool& pool, bool small, StreamId stream, std::size_t bytes) {
+  if (!cap_.try_reserve(bytes)) return nullptr;
+  void* ptr = nullptr;
+  try {
+    ptr = backend_.reserve(device_, bytes);
+  } catch (...) {
+    cap_.unreserve(bytes);
+    throw;
+  }
+  if (!ptr) {
+    cap_.unreserve(bytes);
+    device_refused_ = true;
+    return nullptr;
+  }
+  auto segment = std::make_unique<Segment>();
+  segment->addr = reinterpret_cast<std::uintptr_t>(ptr);
+  segment->size = bytes;
+  segment->stream = stream;
+  segment->pool = &pool;
+  segment->small = small;
+  segment->serial = next_serial_++;
+  segment->owner = this;
+  Block* head = arena_.make();
+  head->addr = segment->addr;
+  head->size = bytes;
+  head->stream = stream;
+  head->segment = segment.get();
+  segment->head = head;
+  segments_.emplace(segment->addr, std::move(segment));
+  ++pool.segments;
+  update_stat(stats_.segment, small, 1);
+  update_stat(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
+  ++stats_.num_device_alloc;
+  return head;
+}
+
+// Hands out the front of `block`, returning the rest to the pool when it is worth keeping.
+Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t requested) {
+  const bool small = block->segment->small;
+  if (should_split(block->size, size)) {
+    Block* rest = split_block(block, size, arena_);
+    block->segment->pool->blocks_for(small).insert(rest);
+    update_stat(stats_.inactive_split, small, 1);
+    update_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(rest->size));
+  }
+  block->allocated = true;
+  block->requested = requested;
+  const auto bytes = static_cast<std::int64_t>(block->size);
+  update_stat(stats_.allocation, small, 1);
+  update_stat(stats_.allocated_bytes, small, bytes);
+  update_stat(stats_.active, small, 1);
+  update_stat(stats_.active_bytes, small, bytes);
+  update_stat(stats_.requested_bytes, small, static_cast<std::int64_t>(requested));
+  return block;
+}
+
+void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size) {
+  ++stats_.num_ooms;
+  OomInfo info;
+  info.device = device_;
+  info.requested = requested;
+  info.allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAll].current);
+  info.reserved = cap_.reserved();
+  info.limit = cap_.limit();
+  const MemInfo mem = backend_.mem_info(device_);
+  info.device_free = mem.free;
+  info.device_total = mem.total;
+  info.largest_free_block = largest_free_block_locked();
+  if (device_refused_) {
+    info.kind = OomKind::kDeviceFull;
+  } else if (info.allocated + size > info.limit) {
+    info.kind = OomKind::kOverLimit;
+  } else {
+    info.kind = OomKind::kFragmentation;
+  }
+  throw OutOfMemoryError(info);
+}
+
+// ---- free ----
+
+void DeviceAllocator::free(Block* block) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!block->allocated) throw std::logic_error("gpumem: block freed twice or never allocated");
+  const bool small = block->segment->small;
+  block->allocated = false;
+  update_stat(stats_.allocation, small, -1);
+  update_stat(stats_.allocated_bytes, small, -static_cast<std::int64_t>(block->size));
+  update_stat(stats_.requested_bytes, small, -static_cast<std::int64_t>(block->requested));
+  block->requested = 0;
+  if (block->stream_uses.empty()) {
+    free_block(block);
+  } else if (pool_targets_.empty()) {
+    insert_events(block);
+  } else {
+    block->pending_events = 1;  // held until the capture ends, when its events are recorded
+    deferred_.push_back(block);
+  }
+  debug_check();
+}
+
+void DeviceAllocator::free_block(Block* block) {
+  const bool small = block->segment->small;
+  update_stat(stats_.active, small, -1);
+  update_stat(stats_.active_bytes, small, -static_cast<std::int64_t>(block->size));
+  BlockSet& blocks = block->segment->pool->blocks_for(small);
+  const Merge merge = merge_free_neighbours(block, blocks, arena_);
+  for (int i = 0; i < merge.absorbed_count; ++i) {
+    update_stat(stats_.inactive_split, small, -1);
+    update_stat(stats_.inactive_split_bytes, small, -static_cast<std::int64_t>(merge.absorbed[i]));
+  }
+  if (merge.block->is_split()) {
+    update_stat(stats_.inactive_split, small, 1);
+    update_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(merge.block->size));
+  }
+  blocks.insert(merge.block);
+  if (release_threshold_ > 0.0 && merge.block->segment->is_unused()) apply_release_threshold();
+}
+
+void DeviceAllocator::record_stream(Block* block, StreamId stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stream == block->stream) return;
+  auto& uses = block->stream_uses;
+  if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
+}
+
+// ---- stream events ----
+
+void DeviceAllocator::insert_events(Block* block) {
+  block->pending_events = static_cast<int>(block->stream_uses.size());
+  for (StreamId s : block->stream_uses) pending_.push_back({block, backend_.record_event(device_, s)});
+  block->stream_uses.clear();
+}
+
+void DeviceAllocator::process_events() {
+  if (pending_.empty()) return;
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < pending_.size(); ++i) {
+    PendingFree p = pending_[i];
+    if (!backend_.event_done(device_, p.event)) {
+      pending_[kept++] = p;
+      continue;
+    }
+    backend_.destroy_event(device_, p.event);
+    if (--p.block->pending_events == 0) free_block(p.block);
+  }
+  pending_.resize(kept);
+}
+
+void DeviceAllocator::synchronize_and_process_events() {
+  if (pending_.empty()) return;
+  backend_.synchronize(device_);
+  ++stats_.num_sync_all_streams;
+  process_events();
+}
+
+// ---- releasing cached segments ----
+
+bool DeviceAllocator::releasable(const Segment& segment) const {
+  return segment.is_unused() && (segment.pool == &default_pool_ || segment.pool->use_count == 0);
+}
+
+std::vector<Segment*> DeviceAllocator::unused_segments() const {
+  std::vector<Segment*> unused;
+  for (const auto& [addr, segment] : segments_) {
+    if (releasable(*segment)) unused.push_back(segment.get());
+  }
+  return unused;
+}
+
+void DeviceAllocator::release_segment(Segment* segment) {
+  Block* head = segment->head;
+  segment->pool->blocks_for(segment->small).erase(head);
+  backend_.release(device_, head->ptr(), segment->size);
+  cap_.unreserve(segment->size);
+  update_stat(stats_.segment, segment->small, -1);
+  update_stat(stats_.reserved_bytes, segment->small, -static_cast<std::int64_t>(segment->size));
+  ++stats_.num_device_free;
+  --segment->pool->segments;
+  arena_.recycle(head);
+  segments_.erase(segment->addr);
+}
+
+std::size_t DeviceAllocator::release_oldest_until(std::size_t reserved_target) {
+  std::vector<Segment*> unused = unused_segments();
+  sort_oldest_first(unused);
+  std::size_t released = 0;
+  for (Segment* s : unused) {
+    if (cap_.reserved() <= reserved_target) break;
+    release_segment(s);
+    ++released;
+  }
+  if (released > 0) ++stats_.num_cache_releases;
+  return released;
+}
+
+std::size_t DeviceAllocator::release_all_unused() {
+  return release_oldest_until(0);
+}
+
+// Frees room for a segment of `segment_bytes`: under the cap, what the cap lacks; when the device
+// itself refused, as much as the segment (its free memory is not the cap's to know).
+bool DeviceAllocator::release_for(std::size_t segment_bytes) {
+  const std::size_t headroom = cap_.headroom();
+  const std::size_t need = device_refused_ ? segment_bytes : (segment_bytes > headroom ? segment_bytes - headroom : 0);
+  if (need == 0) return false;
+  const std::vector<Segment*> chosen = choose_for_bytes(unused_segments(), need);
+  for (Segment* s : chosen) release_segment(s);
+  if (chosen.empty()) return false;
+  ++stats_.num_cache_releases;
+  return true;
+}
+
+void DeviceAllocator::apply_release_threshold() {
+  const auto target = static_cast<std::size_t>(release_threshold_ * static_cast<double>(cap_.limit()));
+  if (cap_.reserved() > target) release_oldest_until(target);
+}
+
+void DeviceAllocator::release_free_pools() {
+  for (auto it = private_pools_.begin(); it != private_pools_.end();) {
+    it = (it->second->use_count == 0 && it->second->segments == 0) ? private_pools_.erase(it) : std::next(it);
+  }
+}
+
+void DeviceAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (pool_targets_.empty()) synchronize_and_process_events();
+  release_all_unused();
+  release_free_pools();
+  debug_check();
+}
+
+// ---- the limit ----
+
+void DeviceAllocator::set_limit(std::optional<std::size_t> limit) {
+  if (limit && *limit > device_total_) {
+    throw LimitSpecError("gpumem: limit of " + format_bytes(*limit) + " is above device " + std::to_string(device_) +
+                         "'s total of " + format_bytes(device_total_) + ". " + kLimitForms);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  set_limit_locked(limit.value_or(device_total_));
+}
+
+void DeviceAllocator::set_limit(std::string_view spec) {
+  const std::optional<std::size_t> limit = parse_limit(spec, device_total_);
+  std::lock_guard<std::mutex> lock(mutex_);
+  set_limit_locked(limit.value_or(device_total_));
+}
+
+void DeviceAllocator::set_limit_locked(std::size_t limit) {
+  cap_.set_limit(limit);
+  if (cap_.reserved() > limit) {
+    if (pool_targets_.empty()) process_events();
+    release_oldest_until(limit);
+  }
+  if (release_threshold_ > 0.0) apply_release_threshold();
+  debug_check();
+}
+
+void DeviceAllocator::set_release_threshold(double share) {
+  check_threshold(share);
+  std::lock_guard<std::mutex> lock(mutex_);
+  release_threshold_ = share;
+  if (share > 0.0) apply_release_threshold();
+}
+
+double DeviceAllocator::release_threshold() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return release_threshold_;
+}
+
+// ---- statistics and views ----
+
+DeviceStats DeviceAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void DeviceAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.reset_peak();
+}
+
+void DeviceAllocator::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.reset_accumulated();
+}
+
+std::size_t DeviceAllocator::largest_free_block_locked() const {
+  std::size_t largest = gpumem::largest_free_block(default_pool_);
+  for (const auto& [id, pool] : private_pools_) largest = std::max(largest, gpumem::largest_free_block(*pool));
+  return largest;
+}
+
+std::size_t DeviceAllocator::largest_free_block() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return largest_free_block_locked();
+}
+
+MemInfo DeviceAllocator::device_mem_info() { return backend_.mem_info(device_); }
+
+std::vector<SegmentInfo> DeviceAllocator::snapshot() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<SegmentInfo> out;
+  out.reserve(segments_.size());
+  for (const auto& [addr, segment] : segments_) {
+    SegmentInfo info{segment->addr, segment->size, segment->stream, segment->pool->id, segment->small, {}};
+    for (const Block* b = segment->head; b; b = b->next) {
+      const auto state = b->allocated ? BlockInfo::kAllocated : (b->pending_events > 0 ? BlockInfo::kPendingFree : BlockInfo::kFree);
+      info.blocks.push_back({b->addr, b->size, b->requested, state});
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+std::optional<std::pair<std::uintptr_t, std::size_t>> DeviceAllocator::segment_of(const void* ptr) const {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = segments_.upper_bound(addr);
+  if (it == segments_.begin()) return std::nullopt;
+  const Segment& s = *std::prev(it)->second;
+  if (addr >= s.addr + s.size) return std::nullopt;
+  return std::make_pair(s.addr, s.size);
+}
+
+// ---- private pools ----
+
+void DeviceAllocator::create_pool(PoolId id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& pool = private_pools_[id];
+  if (!pool) {
+    pool = std::make_unique<Pool>();
+    pool->id = id;
+  }
+  ++pool->use_count;
+}
+
+void DeviceAllocator::begin_allocate_to_pool(PoolId id, StreamFilter filter) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = private_pools_.find(id);
+  if (it == private_pools_.end()) {
+    throw std::logic_error("gpumem: allocation to pool (" + std::to_string(id.first) + ", " + std::to_string(id.second) +
+                           ") begun before the pool was created");
+  }
+  pool_targets_.push_back({it->second.get(), std::move(filter)});
+}
+
+void DeviceAllocator::end_allocate_to_pool(PoolId id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = pool_targets_.rbegin(); it != pool_targets_.rend(); ++it) {
+    if (it->pool->id == id) {
+      pool_targets_.erase(std::next(it).base());
+      break;
+    }
+  }
+  if (!pool_targets_.empty()) return;
+  for (Block* block : deferred_) {
+    block->pending_events = 0;
+    insert_events(block);
+  }
+  deferred_.clear();
+}
+
+void DeviceAllocator::release_pool(PoolId id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = private_pools_.find(id);
+  if (it == private_pools_.end() || it->second->use_count == 0) return;
+  if (--it->second->use_count > 0) return;
+  std::vector<Segment*> unused = unused_segments();
+  for (Segment* s : unused) {
+    if (s->pool == it->second.get()) release_segment(s);
+  }
+  release_free_pools();
+  debug_check();
+}
+
+int DeviceAllocator::pool_use_count(PoolId id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = private_pools_.find(id);
+  return it == private_pools_.end() ? 0 : it->second->use_count;
+}
+
+void DeviceAllocator::check_invariants() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_invariants_locked();
+}
+
+void DeviceAllocator::debug_check() const {
+#if GPUMEM_CHECK_INVARIANTS
+  check_invariants_locked();
+#endif
+}
+
+}  // namespace gpumem

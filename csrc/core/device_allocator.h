@@ -1,0 +1,163 @@
+// One device's caching allocator under a byte cap.
+//
+// malloc is a chain of fallbacks, each tried only when the one before could not serve:
+//   1. a cached free block of the pool (best fit on the request's stream)
+//   2. a new segment within the cap (the normal size, else the smallest that holds the request)
+//   3. release cached free segments chosen by the release policy until the segment fits, retry
+//   4. synchronize the device, release every cached free segment, retry
+//   5. OutOfMemoryError saying which case it is: over the limit, device full, or fragmentation
+//
+// All state is guarded by one mutex per device; every public method takes it once, and private
+// methods (suffix _locked where it matters) never take it.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/block.h"
+#include "core/block_pool.h"
+#include "core/cap.h"
+#include "core/errors.h"
+#include "core/stats.h"
+
+namespace gpumem {
+
+struct AllocatorConfig {
+  std::optional<std::size_t> limit;  // bytes; nullopt means the device's total
+  // In (0, 1]: once reserved passes this share of the limit, the oldest cached free segments are
+  // released until it is back under. 0 turns it off.
+  double release_threshold = 0.0;
+};
+
+// A read-only picture of the device's memory, for snapshots and reports.
+struct BlockInfo {
+  std::uintptr_t addr;
+  std::size_t size;
+  std::size_t requested;
+  enum State { kFree, kAllocated, kPendingFree } state;
+};
+struct SegmentInfo {
+  std::uintptr_t addr;
+  std::size_t size;
+  StreamId stream;
+  PoolId pool;
+  bool small;
+  std::vector<BlockInfo> blocks;
+};
+
+// Chooses the pool for a request while graphs capture or MemPools are in use.
+using StreamFilter = std::function<bool(StreamId)>;
+
+class DeviceAllocator {
+ public:
+  DeviceAllocator(Backend& backend, int device, const AllocatorConfig& config);
+  ~DeviceAllocator();
+  DeviceAllocator(const DeviceAllocator&) = delete;
+  DeviceAllocator& operator=(const DeviceAllocator&) = delete;
+
+  int device() const { return device_; }
+
+  // A block of at least `size` bytes usable on `stream`; throws OutOfMemoryError.
+  Block* malloc(std::size_t size, StreamId stream);
+  void free(Block* block);
+  // `block` is also used on `stream`: it is not reused until that stream's work queued so far is done.
+  void record_stream(Block* block, StreamId stream);
+
+  // Returns every cached free segment to the device.
+  void empty_cache();
+
+  // The limit in bytes; nullopt lifts it (the device's total applies). Lowering releases cached
+  // segments down to the new limit where it can; live blocks are never touched.
+  void set_limit(std::optional<std::size_t> limit);
+  // The same, from a limit spec ("4GB", "50%", "none", ...); a bad spec changes nothing.
+  void set_limit(std::string_view spec);
+  std::size_t limit() const { return cap_.limit(); }
+  std::size_t reserved() const { return cap_.reserved(); }
+  void set_release_threshold(double share);
+  double release_threshold() const;
+
+  DeviceStats stats() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  // Largest cached free block and total cached free bytes.
+  std::size_t largest_free_block() const;
+  MemInfo device_mem_info();
+
+  std::vector<SegmentInfo> snapshot() const;
+  // The segment start and size holding `ptr`, if any.
+  std::optional<std::pair<std::uintptr_t, std::size_t>> segment_of(const void* ptr) const;
+
+  // Private pools (CUDA graphs, MemPools). While a pool is the allocation target for streams the
+  // filter accepts, requests on those streams come from that pool and nothing waits on events.
+  void create_pool(PoolId id);            // or add a holder to an existing pool
+  void begin_allocate_to_pool(PoolId id, StreamFilter filter);
+  void end_allocate_to_pool(PoolId id);
+  void release_pool(PoolId id);           // drop a holder; an unheld pool's cache is released
+  int pool_use_count(PoolId id) const;
+
+  // Throws std::logic_error describing the first broken invariant (see block.h).
+  void check_invariants() const;
+
+ private:
+  struct PendingFree {
+    Block* block;
+    EventId event;
+  };
+  struct PoolTarget {
+    Pool* pool;
+    StreamFilter filter;
+  };
+
+  Pool& pool_for_locked(StreamId stream);
+  Block* try_cached(Pool& pool, bool small, StreamId stream, std::size_t size);
+  Block* try_new_segment(Pool& pool, bool small, StreamId stream, std::size_t size);
+  Block* reserve_segment(Pool& pool, bool small, StreamId stream, std::size_t bytes);
+  Block* place(Block* block, std::size_t size, std::size_t requested);
+  [[noreturn]] void throw_oom(std::size_t requested, std::size_t size);
+
+  void free_block(Block* block);
+  void insert_events(Block* block);
+  void process_events();
+  void synchronize_and_process_events();
+
+  bool releasable(const Segment& segment) const;
+  std::vector<Segment*> unused_segments() const;
+  void release_segment(Segment* segment);
+  std::size_t release_oldest_until(std::size_t reserved_target);
+  std::size_t release_all_unused();
+  bool release_for(std::size_t segment_bytes);
+  void set_limit_locked(std::size_t limit);
+  void apply_release_threshold();
+  void release_free_pools();
+  std::size_t largest_free_block_locked() const;
+  void check_invariants_locked() const;
+  void debug_check() const;
+
+  Backend& backend_;
+  const int device_;
+  Cap cap_;
+  double release_threshold_;
+  mutable std::mutex mutex_;
+  DeviceStats stats_;
+  BlockArena arena_;
+  Pool default_pool_;
+  std::map<PoolId, std::unique_ptr<Pool>> private_pools_;
+  std::vector<PoolTarget> pool_targets_;        // most recent last
+  std::map<std::uintptr_t, std::unique_ptr<Segment>> segments_;  // by address
+  std::uint64_t next_serial_ = 0;
+  std::deque<PendingFree> pending_;
+  std::vector<Block*> deferred_;                // freed with stream uses while a pool target was active
+  std::size_t device_total_ = 0;
+  bool device_refused_ = false;                 // during this malloc, the backend said no
+};
+
+}  // namespace gpumem

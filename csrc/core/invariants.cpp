@@ -1,0 +1,101 @@
+// The invariant checker: walks every segment and recomputes the statistics (see block.h).
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include "core/device_allocator.h"
+
+namespace gpumem {
+
+namespace {
+
+struct Recount {
+  DeviceStats stats;
+  std::map<const Pool*, std::size_t> free_blocks;  // per pool, both size classes
+};
+
+[[noreturn]] void broken(int device, const std::string& what, std::uintptr_t addr) {
+  std::ostringstream msg;
+  msg << "gpumem invariant broken on device " << device << ": " << what << " (at 0x" << std::hex << addr << ")";
+  throw std::logic_error(msg.str());
+}
+
+void count_block(Recount& r, const Block& b, bool small) {
+  const auto bytes = static_cast<std::int64_t>(b.size);
+  if (b.allocated) {
+    update_stat(r.stats.allocation, small, 1);
+    update_stat(r.stats.allocated_bytes, small, bytes);
+    update_stat(r.stats.requested_bytes, small, static_cast<std::int64_t>(b.requested));
+  }
+  if (!b.is_free()) {
+    update_stat(r.stats.active, small, 1);
+    update_stat(r.stats.active_bytes, small, bytes);
+  } else if (b.is_split()) {
+    update_stat(r.stats.inactive_split, small, 1);
+    update_stat(r.stats.inactive_split_bytes, small, bytes);
+  }
+}
+
+void check_segment(int device, const Segment& s, Recount& r) {
+  if (!s.head || s.head->prev || s.head->addr != s.addr) broken(device, "segment head is not its first block", s.addr);
+  update_stat(r.stats.segment, s.small, 1);
+  update_stat(r.stats.reserved_bytes, s.small, static_cast<std::int64_t>(s.size));
+  std::size_t total = 0;
+  for (const Block* b = s.head; b; b = b->next) {
+    if (b->segment != &s) broken(device, "block points to another segment", b->addr);
+    if (b->stream != s.stream) broken(device, "block stream differs from its segment's", b->addr);
+    if (b->next && b->next->prev != b) broken(device, "block list links disagree", b->addr);
+    if (b->next && b->addr + b->size != b->next->addr) broken(device, "blocks are not contiguous", b->addr);
+    if (b->next && b->is_free() && b->next->is_free()) broken(device, "two free neighbours were not merged", b->addr);
+    if (b->size == 0 || b->size % 512 != 0) broken(device, "block size is not a positive multiple of 512", b->addr);
+    const BlockSet& set = s.pool->small_blocks.count(const_cast<Block*>(b)) ? s.pool->small_blocks : s.pool->large_blocks;
+    const bool in_set = set.count(const_cast<Block*>(b)) == 1;
+    if (in_set != b->is_free()) broken(device, b->is_free() ? "free block missing from its pool" : "used block in a free set", b->addr);
+    if (in_set && &set != &const_cast<Pool*>(s.pool)->blocks_for(s.small)) broken(device, "free block in the wrong size class", b->addr);
+    if (b->is_free()) ++r.free_blocks[s.pool];
+    count_block(r, *b, s.small);
+    total += b->size;
+  }
+  if (total != s.size) broken(device, "block sizes do not sum to the segment size", s.addr);
+}
+
+void compare(int device, const char* name, const StatArray& kept, const StatArray& recounted) {
+  for (int t = 0; t < kNumStatTypes; ++t) {
+    if (kept[t].current != recounted[t].current) {
+      std::ostringstream msg;
+      msg << "statistic " << name << "." << kStatTypeNames[t] << ".current is " << kept[t].current
+          << " but the segments hold " << recounted[t].current;
+      broken(device, msg.str(), 0);
+    }
+  }
+}
+
+}  // namespace
+
+void DeviceAllocator::check_invariants_locked() const {
+  Recount r;
+  for (const auto& [addr, segment] : segments_) {
+    if (addr != segment->addr) broken(device_, "segment filed under the wrong address", addr);
+    check_segment(device_, *segment, r);
+  }
+  const auto check_pool = [&](const Pool& pool) {
+    const std::size_t in_sets = pool.small_blocks.size() + pool.large_blocks.size();
+    if (in_sets != r.free_blocks[&pool]) broken(device_, "a free set holds blocks that are not free blocks of its segments", 0);
+  };
+  check_pool(default_pool_);
+  for (const auto& [id, pool] : private_pools_) check_pool(*pool);
+#define GPUMEM_COMPARE(name, help) compare(device_, #name, stats_.name, r.stats.name);
+  GPUMEM_STAT_ARRAYS(GPUMEM_COMPARE)
+#undef GPUMEM_COMPARE
+  if (static_cast<std::int64_t>(cap_.reserved()) != stats_.reserved_bytes[kAll].current) {
+    broken(device_, "the cap's reserved bytes differ from the statistics", 0);
+  }
+  std::map<const Block*, int> events;
+  for (const PendingFree& p : pending_) ++events[p.block];
+  for (const Block* b : deferred_) ++events[b];
+  for (const auto& [block, count] : events) {
+    if (block->pending_events != count) broken(device_, "pending event count differs from the events queued", block->addr);
+  }
+}
+
+}  // namespace gpumem

@@ -1,0 +1,84 @@
+// Statistics of one device, declared once.
+//
+// GPUMEM_STAT_ARRAYS and GPUMEM_STAT_COUNTERS are the single list: the struct below, the resets,
+// the recomputation in the invariant checker's comparison and the Python dict (keys like
+// "allocated_bytes.all.current", as in torch.cuda.memory_stats) all expand from them. Meanings
+// match PyTorch's native allocator so the torch adapter maps them one to one:
+//   allocation / allocated_bytes         blocks handed out and not yet freed by the caller
+//   segment / reserved_bytes             segments obtained from the device
+//   active / active_bytes                allocated blocks plus freed blocks still in use on a stream
+//   inactive_split / inactive_split_bytes free blocks that share a segment with other blocks
+//   requested_bytes                      bytes the callers asked for, before rounding
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+// X(name, help)
+#define GPUMEM_STAT_ARRAYS(X)                                                        \
+  X(allocation, "blocks allocated")                                                  \
+  X(segment, "segments reserved from the device")                                    \
+  X(active, "allocated blocks and freed blocks still used by a stream")              \
+  X(inactive_split, "free blocks that share a segment with other blocks")            \
+  X(allocated_bytes, "bytes in allocated blocks")                                    \
+  X(reserved_bytes, "bytes in segments reserved from the device")                    \
+  X(active_bytes, "bytes in active blocks")                                          \
+  X(inactive_split_bytes, "bytes in inactive split blocks")                          \
+  X(requested_bytes, "bytes requested by callers, before rounding")
+
+#define GPUMEM_STAT_COUNTERS(X)                                                      \
+  X(num_alloc_retries, "requests that released cached memory and tried again")     \
+  X(num_ooms, "requests that failed with out-of-memory")                            \
+  X(num_sync_all_streams, "times the device was synchronized to release memory")    \
+  X(num_device_alloc, "segments obtained from the device")                          \
+  X(num_device_free, "segments returned to the device")                             \
+  X(num_cache_releases, "times cached segments were released (policy, empty_cache, limit)")
+
+namespace gpumem {
+
+struct Stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;  // accumulated increases
+  std::int64_t freed = 0;      // accumulated decreases
+
+  void add(std::int64_t amount) {
+    current += amount;
+    if (current > peak) peak = current;
+    if (amount > 0) allocated += amount; else freed -= amount;
+  }
+  void reset_peak() { peak = current; }
+  void reset_accumulated() { allocated = 0; freed = 0; }
+};
+
+enum StatType : int { kAll = 0, kSmallPool = 1, kLargePool = 2, kNumStatTypes = 3 };
+extern const char* const kStatTypeNames[kNumStatTypes];  // "all", "small_pool", "large_pool"
+
+using StatArray = std::array<Stat, kNumStatTypes>;
+
+struct DeviceStats {
+#define GPUMEM_DECLARE_ARRAY(name, help) StatArray name;
+  GPUMEM_STAT_ARRAYS(GPUMEM_DECLARE_ARRAY)
+#undef GPUMEM_DECLARE_ARRAY
+#define GPUMEM_DECLARE_COUNTER(name, help) std::int64_t name = 0;
+  GPUMEM_STAT_COUNTERS(GPUMEM_DECLARE_COUNTER)
+#undef GPUMEM_DECLARE_COUNTER
+
+  void reset_peak();
+  // Zeroes the accumulated figures (allocated / freed of every array, and the counters).
+  void reset_accumulated();
+};
+
+// Adds `amount` to the "all" entry and to the pool's entry.
+inline void update_stat(StatArray& stat, bool small_pool, std::int64_t amount) {
+  stat[kAll].add(amount);
+  stat[small_pool ? kSmallPool : kLargePool].add(amount);
+}
+
+// Flat view: ("allocated_bytes.all.current", value) ... then ("num_ooms", value) ...
+using StatEntry = std::pair<std::string, std::int64_t>;
+std::vector<StatEntry> flatten(const DeviceStats& stats);
+
+}  // namespace gpumem
