@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: installs what is missing, then runs
+#   1. the core's Catch2 tests (CTest), in a normal build,
+#   2. the same under AddressSanitizer + UndefinedBehaviorSanitizer, with the invariant checker
+#      compiled into every operation,
+#   3. the threaded tests under ThreadSanitizer,
+#   4. the Python tests (pytest) against gpumem installed with pip; GPU tests skip without a GPU.
+# Exits non-zero if any suite fails or runs no test.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash tools/setup.sh || exit 1
+
+PYTHON=${PYTHON:-python3}
+JOBS=${JOBS:-$(nproc)}
+failed=0
+passed=0
+
+suite() {  # suite NAME COMMAND...
+  local name=$1
+  shift
+  echo
+  echo "==== $name"
+  if "$@"; then
+    passed=$((passed + 1))
+  else
+    echo "==== $name FAILED"
+    failed=$((failed + 1))
+  fi
+}
+
+ctest_build() {  # ctest_build DIR CMAKE_ARGS...
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" -G Ninja -DGPUMEM_BENCHMARKS=OFF "$@" >"$dir.configure.log" 2>&1 ||
+    { cat "$dir.configure.log"; return 1; }
+  ninja -C "$dir" -j "$JOBS" >"$dir.build.log" 2>&1 || { tail -n 60 "$dir.build.log"; return 1; }
+  ctest --test-dir "$dir" --output-on-failure --no-tests=error -j "$JOBS"
+}
+
+pytest_run() {
+  "$PYTHON" -m pip install -q --no-build-isolation . 2>&1 | grep -v "as the 'root' user"
+  [ "${PIPESTATUS[0]}" = 0 ] || return 1
+  # Run from tests/ so that `import gpumem` finds the installed package, not the source tree.
+  (cd tests/python && "$PYTHON" -m pytest -q -rs .)
+  local rc=$?
+  [ $rc = 5 ] && echo "pytest collected no test"
+  return $rc
+}
+
+mkdir -p build
+suite "core and adapter tests (CTest)" ctest_build build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo
+export GPUMEM_PROPERTY_OPS=100000
+suite "ASan+UBSan (CTest)" ctest_build build/asan -DCMAKE_BUILD_TYPE=Debug \
+  "-DGPUMEM_SANITIZE=address;undefined" -DGPUMEM_CHECK_INVARIANTS=ON -DGPUMEM_TORCH_TESTS=OFF
+export TSAN_OPTIONS=halt_on_error=1
+suite "TSan, threaded tests (CTest)" ctest_build build/tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DGPUMEM_SANITIZE=thread -DGPUMEM_TORCH_TESTS=OFF "-DGPUMEM_TEST_SPEC=[threads]"
+unset GPUMEM_PROPERTY_OPS TSAN_OPTIONS
+suite "Python tests (pytest)" pytest_run
+
+echo
+echo "suites: $passed passed, $failed failed"
+[ "$failed" = 0 ]
