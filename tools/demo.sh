@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# gpumem's main job on a fresh machine: installs what is missing, builds and installs gpumem, and
+# runs a training loop under a 2 GiB cap (on the simulated device when there is no GPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/setup.sh
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -m pip install -q --no-build-isolation . 2>&1 | { grep -v "as the 'root' user" || true; }
+cd tools && exec "$PYTHON" demo.py
