@@ -1,6 +1,7 @@
 #include "core/device_allocator.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "core/limit_spec.h"
@@ -40,32 +41,48 @@ DeviceAllocator::~DeviceAllocator() {
 
 // ---- malloc: the fallback chain ----
 
+namespace {
+
+// allocated + size <= limit, without overflow (size may be near SIZE_MAX; the limit may have been
+// lowered below allocated).
+bool fits_under(std::size_t allocated, std::size_t size, std::size_t limit) {
+  return allocated <= limit && size <= limit - allocated;
+}
+
+}  // namespace
+
 Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   // While a graph may be capturing, event queries are illegal; blocks wait until it ends.
   if (pool_targets_.empty()) process_events();
   device_refused_ = false;
+  // No device holds this much; failing here also keeps the rounding below from overflowing.
+  if (requested > SIZE_MAX - kLargeRounding) throw_oom(requested, requested);
   const std::size_t size = round_size(requested);
   const bool small = is_small(size);
   Pool& pool = pool_for_locked(stream);
 
   Block* block = try_cached(pool, small, stream, size);
-  if (!block && stats_.allocated_bytes[kAll].current + size > cap_.limit()) throw_oom(requested, size);
-  if (!block) block = try_new_segment(pool, small, stream, size);
+  if (block) return place(block, size, requested);
+  const auto allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAll].current);
+  if (!fits_under(allocated, size, cap_.limit())) throw_oom(requested, size);
+  block = try_new_segment(pool, small, stream, size);
+  bool retried = false;
   if (!block && release_for(tight_segment_size(size))) {
-    ++stats_.num_alloc_retries;
+    retried = true;
     block = try_new_segment(pool, small, stream, size);
   }
   if (!block && pool_targets_.empty()) {
-    ++stats_.num_alloc_retries;
+    retried = true;
     synchronize_and_process_events();
     release_all_unused();
     block = try_cached(pool, small, stream, size);
     if (!block) block = try_new_segment(pool, small, stream, size);
   }
+  if (retried) ++stats_.num_alloc_retries;
   if (!block) throw_oom(requested, size);
   block = place(block, size, requested);
-  debug_check();
+  if (release_threshold_ > 0.0) apply_release_threshold();
   return block;
 }
 
@@ -145,6 +162,7 @@ Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t reques
   update_stat(stats_.active, small, 1);
   update_stat(stats_.active_bytes, small, bytes);
   update_stat(stats_.requested_bytes, small, static_cast<std::int64_t>(requested));
+  debug_check();
   return block;
 }
 
@@ -162,7 +180,7 @@ void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size) {
   info.largest_free_block = largest_free_block_locked();
   if (device_refused_) {
     info.kind = OomKind::kDeviceFull;
-  } else if (info.allocated + size > info.limit) {
+  } else if (!fits_under(info.allocated, size, info.limit)) {
     info.kind = OomKind::kOverLimit;
   } else {
     info.kind = OomKind::kFragmentation;

@@ -1,0 +1,118 @@
+// Shared by the allocator tests: one simulated device with its allocator, sizes in readable units,
+// and a way to catch an OutOfMemoryError and look at it.
+//
+// The SimBackend's ledger is the independent witness: it counts what the device handed out without
+// asking the allocator, so a test that checks the cap reads the ledger, not the allocator's stats.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/sim_backend.h"
+#include "core/device_allocator.h"
+#include "core/errors.h"
+#include "core/sizing.h"
+#include "core/stats.h"
+
+namespace gpumem_test {
+
+using namespace gpumem;
+
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t GiB = std::size_t{1} << 30;
+constexpr std::size_t kDeviceBytes = 8 * GiB;  // the simulated device, unless a test says otherwise
+
+constexpr StreamId kStream0 = 0;
+constexpr StreamId kStream1 = 1;
+constexpr StreamId kStream2 = 2;
+constexpr StreamId kStream3 = 3;
+
+inline AllocatorConfig config_with(std::optional<std::size_t> limit, double release_threshold = 0.0) {
+  AllocatorConfig config;
+  config.limit = limit;
+  config.release_threshold = release_threshold;
+  return config;
+}
+
+// One simulated device and the allocator under test. malloc and free check the invariants after
+// every call, so a test that only mutates still verifies the block lists and the statistics.
+struct Sim {
+  SimBackend backend;
+  DeviceAllocator alloc;
+
+  explicit Sim(std::optional<std::size_t> limit = std::nullopt, std::size_t capacity = kDeviceBytes,
+               double release_threshold = 0.0)
+      : backend(capacity), alloc(backend, 0, config_with(limit, release_threshold)) {}
+
+  Block* malloc(std::size_t size, StreamId stream = kStream0) {
+    Block* block = alloc.malloc(size, stream);
+    alloc.check_invariants();
+    return block;
+  }
+  void free(Block* block) {
+    alloc.free(block);
+    alloc.check_invariants();
+  }
+  SimBackend::Ledger ledger() const { return backend.ledger(0); }
+  DeviceStats stats() const { return alloc.stats(); }
+  std::vector<SegmentInfo> snapshot() const { return alloc.snapshot(); }
+
+  // The snapshot entry of the segment that holds `block`.
+  SegmentInfo segment_of(const Block* block) const {
+    for (const SegmentInfo& s : alloc.snapshot()) {
+      if (block->addr >= s.addr && block->addr < s.addr + s.size) return s;
+    }
+    FAIL("no segment holds the block at " << block->addr);
+    return {};
+  }
+  bool has_segment_at(std::uintptr_t addr) const {
+    for (const SegmentInfo& s : alloc.snapshot()) {
+      if (s.addr == addr) return true;
+    }
+    return false;
+  }
+};
+
+// The error a call threw; fails the test if it threw none.
+struct Oom {
+  OomInfo info;
+  std::string message;
+};
+
+template <class Call>
+Oom oom_from(Call&& call) {
+  try {
+    call();
+  } catch (const OutOfMemoryError& e) {
+    return Oom{e.info(), e.what()};
+  }
+  FAIL("expected an OutOfMemoryError");
+  return {};
+}
+
+// Bytes in segments that hold at least one block that is not free.
+inline std::size_t bytes_of_segments_in_use(const std::vector<SegmentInfo>& snapshot) {
+  std::size_t bytes = 0;
+  for (const SegmentInfo& s : snapshot) {
+    for (const BlockInfo& b : s.blocks) {
+      if (b.state != BlockInfo::kFree) {
+        bytes += s.size;
+        break;
+      }
+    }
+  }
+  return bytes;
+}
+
+inline std::size_t reserved_in_snapshot(const std::vector<SegmentInfo>& snapshot) {
+  std::size_t bytes = 0;
+  for (const SegmentInfo& s : snapshot) bytes += s.size;
+  return bytes;
+}
+
+}  // namespace gpumem_test
