@@ -35,6 +35,11 @@ DeviceAllocator* CachingAllocator::existing(int index) const {
 void CachingAllocator::configure(int index, const AllocatorConfig& config) {
   check_index(index);
   std::lock_guard<std::mutex> lock(create_mutex_);
+  if (DeviceAllocator* ready = devices_[index].get()) {
+    check_release_threshold(config.release_threshold);  // before anything changes
+    ready->set_limit(config.limit);
+    ready->set_release_threshold(config.release_threshold);
+  }
   configs_[index] = config;
 }
 

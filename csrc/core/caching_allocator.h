@@ -22,7 +22,7 @@ class CachingAllocator {
   DeviceAllocator& device(int index);
   // The device's allocator if it was created; nullptr otherwise (nothing allocated there yet).
   DeviceAllocator* existing(int index) const;
-  // Settings for a device whose allocator does not exist yet take effect when it is created.
+  // Settings for a device: applied now if its allocator exists, else when it is created.
   void configure(int index, const AllocatorConfig& config);
 
   Block* malloc(int device, std::size_t size, StreamId stream) { return this->device(device).malloc(size, stream); }

@@ -10,21 +10,17 @@
 
 namespace gpumem {
 
-namespace {
-
-void check_threshold(double share) {
+void check_release_threshold(double share) {
   if (!(share >= 0.0 && share <= 1.0)) {
     throw LimitSpecError("gpumem: bad release threshold " + std::to_string(share) +
                          ": expected a share of the limit in (0, 1], or 0 to turn it off");
   }
 }
 
-}  // namespace
-
 DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorConfig& config)
     : backend_(backend), device_(device), cap_(0), release_threshold_(0.0) {
   device_total_ = backend_.mem_info(device).total;
-  check_threshold(config.release_threshold);
+  check_release_threshold(config.release_threshold);
   if (config.limit && *config.limit > device_total_) {
     throw LimitSpecError("gpumem: limit of " + format_bytes(*config.limit) + " is above device " +
                          std::to_string(device) + "'s total of " + format_bytes(device_total_));
@@ -312,8 +308,9 @@ std::size_t DeviceAllocator::release_all_unused() {
 // Frees room for a segment of `segment_bytes`: under the cap, what the cap lacks; when the device
 // itself refused, as much as the segment (its free memory is not the cap's to know).
 bool DeviceAllocator::release_for(std::size_t segment_bytes) {
-  const std::size_t headroom = cap_.headroom();
-  const std::size_t need = device_refused_ ? segment_bytes : (segment_bytes > headroom ? segment_bytes - headroom : 0);
+  // Reserved may stand above a lowered limit: the shortfall counts from there, not from zero headroom.
+  const std::size_t after = cap_.reserved() + segment_bytes, limit = cap_.limit();
+  const std::size_t need = device_refused_ ? segment_bytes : (after > limit ? after - limit : 0);
   if (need == 0) return false;
   const std::vector<Segment*> chosen = choose_for_bytes(unused_segments(), need);
   for (Segment* s : chosen) release_segment(s);
@@ -327,9 +324,16 @@ void DeviceAllocator::apply_release_threshold() {
   if (cap_.reserved() > target) release_oldest_until(target);
 }
 
+bool DeviceAllocator::is_target(const Pool* pool) const {
+  return std::any_of(pool_targets_.begin(), pool_targets_.end(), [pool](const PoolTarget& t) { return t.pool == pool; });
+}
+
+// Drops private pools nobody holds, has memory in, or allocates to.
 void DeviceAllocator::release_free_pools() {
   for (auto it = private_pools_.begin(); it != private_pools_.end();) {
-    it = (it->second->use_count == 0 && it->second->segments == 0) ? private_pools_.erase(it) : std::next(it);
+    const Pool* pool = it->second.get();
+    const bool dead = pool->use_count == 0 && pool->segments == 0 && !is_target(pool);
+    it = dead ? private_pools_.erase(it) : std::next(it);
   }
 }
 
@@ -369,7 +373,7 @@ void DeviceAllocator::set_limit_locked(std::size_t limit) {
 }
 
 void DeviceAllocator::set_release_threshold(double share) {
-  check_threshold(share);
+  check_release_threshold(share);
   std::lock_guard<std::mutex> lock(mutex_);
   release_threshold_ = share;
   if (share > 0.0) apply_release_threshold();
@@ -465,6 +469,7 @@ void DeviceAllocator::end_allocate_to_pool(PoolId id) {
       break;
     }
   }
+  release_free_pools();
   if (!pool_targets_.empty()) return;
   for (Block* block : deferred_) {
     block->pending_events = 0;

@@ -38,6 +38,9 @@ struct AllocatorConfig {
   double release_threshold = 0.0;
 };
 
+// Throws LimitSpecError unless `share` is a release threshold: in (0, 1], or 0 (off).
+void check_release_threshold(double share);
+
 // A read-only picture of the device's memory, for snapshots and reports.
 struct BlockInfo {
   std::uintptr_t addr;
@@ -88,7 +91,7 @@ class DeviceAllocator {
   DeviceStats stats() const;
   void reset_peak_stats();
   void reset_accumulated_stats();
-  // Largest cached free block and total cached free bytes.
+  // The largest cached free block, in bytes.
   std::size_t largest_free_block() const;
   MemInfo device_mem_info();
 
@@ -137,6 +140,7 @@ class DeviceAllocator {
   bool release_for(std::size_t segment_bytes);
   void set_limit_locked(std::size_t limit);
   void apply_release_threshold();
+  bool is_target(const Pool* pool) const;
   void release_free_pools();
   std::size_t largest_free_block_locked() const;
   void check_invariants_locked() const;

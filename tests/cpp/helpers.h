@@ -116,3 +116,16 @@ inline std::size_t reserved_in_snapshot(const std::vector<SegmentInfo>& snapshot
 }
 
 }  // namespace gpumem_test
+
+namespace Catch {
+template <>
+struct StringMaker<gpumem::PoolId> {
+  static std::string convert(const gpumem::PoolId& id) {
+    return "(" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")";
+  }
+};
+template <>
+struct StringMaker<gpumem::OomKind> {
+  static std::string convert(gpumem::OomKind kind) { return gpumem::oom_kind_name(kind); }
+};
+}  // namespace Catch

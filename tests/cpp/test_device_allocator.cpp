@@ -47,6 +47,17 @@ TEST_CASE("a new segment is reserved when no cached block fits", "[fallback]") {
   REQUIRE(sim.ledger().in_use == 26 * MiB);
 }
 
+TEST_CASE("a tight segment is tried before any cached segment is released", "[fallback][cap]") {
+  Sim sim(28 * MiB);
+  Block* cached = sim.malloc(10 * MiB, kStream1);
+  sim.free(cached);
+  Block* b = sim.malloc(3 * MiB);  // 20 MiB would pass the limit; 4 MiB does not
+  REQUIRE(sim.segment_of(b).size == 4 * MiB);
+  REQUIRE(sim.ledger().releases == 0);
+  REQUIRE(sim.stats().num_alloc_retries == 0);
+  REQUIRE(sim.ledger().in_use == 14 * MiB);
+}
+
 // ---- 3. release by policy ---------------------------------------------------------------------
 
 TEST_CASE("at the cap the smallest unused segment that covers the deficit is released", "[fallback][cap]") {
@@ -215,7 +226,6 @@ TEST_CASE("an OOM when the device refuses every reserve is device full", "[oom]"
 TEST_CASE("a device refusal releases unused segments and retries", "[fallback][oom]") {
   Sim sim;
   Block* cached = sim.malloc(20 * MiB, kStream1);
-  const std::uintptr_t cached_addr = cached->addr;
   sim.free(cached);
   sim.backend.fail_next(1);
   Block* b = sim.malloc(20 * MiB, kStream2);
@@ -224,7 +234,6 @@ TEST_CASE("a device refusal releases unused segments and retries", "[fallback][o
   REQUIRE(sim.snapshot().size() == 1);
   REQUIRE(sim.segment_of(b).stream == kStream2);
   REQUIRE(sim.ledger().refusals == 1);
-  (void)cached_addr;
   REQUIRE(sim.stats().num_cache_releases >= 1);
   REQUIRE(sim.ledger().in_use == 20 * MiB);
 }
@@ -308,7 +317,7 @@ TEST_CASE("the allocator works normally after an OOM", "[oom]") {
 
 // ---- empty_cache ------------------------------------------------------------------------------
 
-TEST_CASE("empty_cache returns every unused segment and keeps those with live blocks", "[fallback]") {
+TEST_CASE("empty_cache returns every unused segment and keeps those with live blocks", "[empty_cache]") {
   Sim sim;
   Block* live_small = sim.malloc(4096);
   Block* live_large = sim.malloc(12 * MiB);
@@ -334,7 +343,7 @@ TEST_CASE("empty_cache returns every unused segment and keeps those with live bl
   (void)live_small, (void)live_large;
 }
 
-TEST_CASE("empty_cache keeps a segment whose blocks are partly free", "[fallback]") {
+TEST_CASE("empty_cache keeps a segment whose blocks are partly free", "[empty_cache]") {
   Sim sim;
   Block* a = sim.malloc(4096);
   Block* b = sim.malloc(4096);
@@ -345,7 +354,7 @@ TEST_CASE("empty_cache keeps a segment whose blocks are partly free", "[fallback
   (void)b;
 }
 
-TEST_CASE("empty_cache synchronizes and returns segments freed with a pending stream use", "[fallback][streams]") {
+TEST_CASE("empty_cache synchronizes and returns segments freed with a pending stream use", "[empty_cache][streams]") {
   Sim sim;
   Block* a = sim.malloc(12 * MiB);
   sim.alloc.record_stream(a, kStream1);
@@ -358,7 +367,7 @@ TEST_CASE("empty_cache synchronizes and returns segments freed with a pending st
   REQUIRE(sim.snapshot().empty());
 }
 
-TEST_CASE("destroying the allocator returns every segment, live ones included", "[fallback]") {
+TEST_CASE("destroying the allocator returns every segment, live ones included", "[empty_cache]") {
   SimBackend backend(kDeviceBytes);
   {
     DeviceAllocator alloc(backend, 0, config_with(std::nullopt));
@@ -377,7 +386,7 @@ TEST_CASE("destroying the allocator returns every segment, live ones included", 
 
 // ---- snapshot and segment_of ------------------------------------------------------------------
 
-TEST_CASE("snapshot lists each segment with its blocks in address order", "[fallback]") {
+TEST_CASE("snapshot lists each segment with its blocks in address order", "[snapshot]") {
   Sim sim;
   Block* a = sim.malloc(1000, kStream1);
   Block* b = sim.malloc(3000, kStream1);
@@ -411,7 +420,7 @@ TEST_CASE("snapshot lists each segment with its blocks in address order", "[fall
   REQUIRE(reserved_in_snapshot(snapshot) == sim.ledger().in_use);
 }
 
-TEST_CASE("snapshot is ordered by segment address", "[fallback]") {
+TEST_CASE("snapshot is ordered by segment address", "[snapshot]") {
   Sim sim;
   for (StreamId s = 1; s <= 4; ++s) sim.malloc(4096, s);
   const auto snapshot = sim.snapshot();
@@ -419,7 +428,7 @@ TEST_CASE("snapshot is ordered by segment address", "[fallback]") {
   for (std::size_t i = 1; i < snapshot.size(); ++i) REQUIRE(snapshot[i - 1].addr < snapshot[i].addr);
 }
 
-TEST_CASE("segment_of finds the segment of any address inside it", "[fallback]") {
+TEST_CASE("segment_of finds the segment of any address inside it", "[snapshot]") {
   Sim sim;
   Block* a = sim.malloc(4096);
   Block* b = sim.malloc(4096);
@@ -430,7 +439,7 @@ TEST_CASE("segment_of finds the segment of any address inside it", "[fallback]")
   REQUIRE(sim.alloc.segment_of(reinterpret_cast<void*>(s.addr + s.size - 1)) == expected);
 }
 
-TEST_CASE("segment_of is empty outside every segment", "[fallback]") {
+TEST_CASE("segment_of is empty outside every segment", "[snapshot]") {
   Sim sim;
   Block* a = sim.malloc(4096);
   const SegmentInfo s = sim.segment_of(a);
@@ -439,7 +448,7 @@ TEST_CASE("segment_of is empty outside every segment", "[fallback]") {
   REQUIRE_FALSE(sim.alloc.segment_of(nullptr).has_value());
 }
 
-TEST_CASE("segment_of forgets a released segment", "[fallback]") {
+TEST_CASE("segment_of forgets a released segment", "[snapshot]") {
   Sim sim;
   Block* a = sim.malloc(4096);
   void* ptr = a->ptr();
@@ -449,7 +458,7 @@ TEST_CASE("segment_of forgets a released segment", "[fallback]") {
   REQUIRE_FALSE(sim.alloc.segment_of(ptr).has_value());
 }
 
-TEST_CASE("freeing a block twice throws and changes nothing", "[fallback]") {
+TEST_CASE("freeing a block twice throws and changes nothing", "[merge]") {
   Sim sim;
   Block* a = sim.malloc(4096);
   Block* keep = sim.malloc(4096);
@@ -525,6 +534,18 @@ TEST_CASE("configure before first use sets the device's limit", "[caching_alloca
   REQUIRE(ca.device(1).release_threshold() == 0.5);
   REQUIRE(ca.device(0).limit() == kDeviceBytes);
   REQUIRE_THROWS_AS(ca.malloc(1, 65 * MiB, kStream0), OutOfMemoryError);
+}
+
+TEST_CASE("configure after first use applies the limit at once", "[caching_allocator][limit]") {
+  SimBackend backend(kDeviceBytes, 1);
+  CachingAllocator ca(backend);
+  Block* a = ca.malloc(0, 20 * MiB, kStream0);
+  CachingAllocator::free(a);  // 20 MiB cached
+  ca.configure(0, config_with(4 * MiB));
+  REQUIRE(ca.device(0).limit() == 4 * MiB);
+  REQUIRE(backend.ledger(0).in_use == 0);  // the lowered limit released the cache
+  REQUIRE_THROWS_AS(ca.configure(0, config_with(8 * MiB, 2.0)), LimitSpecError);
+  REQUIRE(ca.device(0).limit() == 4 * MiB);  // a bad threshold changed nothing
 }
 
 TEST_CASE("the defaults given to CachingAllocator apply to every device", "[caching_allocator][limit]") {

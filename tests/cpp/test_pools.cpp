@@ -244,3 +244,20 @@ TEST_CASE("the device is not synchronized while a pool is the allocation target"
   REQUIRE(sim.malloc(20 * MiB, kStream2)->size == 20 * MiB);
   REQUIRE(sim.ledger().syncs == 1);
 }
+
+// Under AddressSanitizer this catches a pool freed while pool_targets_ still points to it.
+TEST_CASE("releasing a pool's last holder while it is the target keeps it until the target ends",
+          "[pools]") {
+  Sim sim;
+  sim.alloc.create_pool(kPool);
+  sim.alloc.begin_allocate_to_pool(kPool, only(kStream1));
+  sim.alloc.release_pool(kPool);
+  REQUIRE(sim.alloc.pool_use_count(kPool) == 0);
+
+  Block* b = sim.malloc(4096, kStream1);  // the pool is still the target
+  REQUIRE(sim.segment_of(b).pool == kPool);
+  sim.alloc.end_allocate_to_pool(kPool);
+  sim.free(b);
+  sim.alloc.empty_cache();  // unheld and no longer the target: its cache goes
+  REQUIRE(sim.ledger().in_use == 0);
+}

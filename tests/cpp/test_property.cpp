@@ -87,8 +87,6 @@ void expect(bool ok, const std::string& what) {
 struct Live {
   Block* block;
   std::size_t requested;
-  StreamId stream;
-  bool used_elsewhere;  // record_stream named another stream: its free waits on events
 };
 
 bool is_unused(const SegmentInfo& s) { return s.blocks.size() == 1 && s.blocks[0].state == BlockInfo::kFree; }
@@ -139,10 +137,12 @@ class PropertyRun {
 
   std::string where() const {
     std::ostringstream out;
-    out << "seed " << config_.seed << ", " << config_.mix.name << ", limit " << config_.limit_name << ", operation #"
-        << op_index_ << " (" << op_name_ << ")";
+    out << "operation #" << op_index_ << " (" << op_name_ << ")";
     return out.str();
   }
+
+  const DeviceAllocator& allocator() const { return alloc_; }
+  SimBackend::Ledger ledger() const { return backend_.ledger(0); }
 
  private:
   // ---- drawing ----
@@ -238,7 +238,7 @@ class PropertyRun {
     expect(segment && block->addr + block->size <= segment->first + segment->second, "block is not inside a segment");
     expect_no_overlap(block->addr, block->size);
     spans_.emplace(block->addr, block->size);
-    live_.push_back({block, requested, stream, false});
+    live_.push_back({block, requested});
     allocated_ += block->size;
     requested_ += requested;
   }
@@ -282,29 +282,13 @@ class PropertyRun {
     spans_.erase(victim.block->addr);
     allocated_ -= victim.block->size;
     requested_ -= victim.requested;
-    const std::uintptr_t addr = victim.block->addr;
     alloc_.free(victim.block);
-    if (alloc_.release_threshold() > 0.0 && !victim.used_elsewhere) expect_threshold_after_free(addr);
-  }
-
-  // A free that left its segment unused applies the release threshold: either reserved is back
-  // under it, or that segment (the candidate of last resort) went too.
-  void expect_threshold_after_free(std::uintptr_t addr) {
-    const auto segment = alloc_.segment_of(reinterpret_cast<void*>(addr));
-    if (!segment) return;
-    for (const SegmentInfo& s : alloc_.snapshot()) {
-      if (s.addr != segment->first || !is_unused(s)) continue;
-      expect(alloc_.reserved() <= threshold_target(), "a free left reserved above the release threshold");
-    }
   }
 
   void do_record_stream() {
     op_name_ = "record_stream";
     if (live_.empty()) return;
-    Live& live = live_[draw(live_.size())];
-    const StreamId stream = draw(kStreams);
-    alloc_.record_stream(live.block, stream);
-    if (stream != live.stream) live.used_elsewhere = true;
+    alloc_.record_stream(live_[draw(live_.size())].block, draw(kStreams));
   }
 
   void do_empty_cache() {
@@ -330,16 +314,16 @@ class PropertyRun {
     if (alloc_.reserved() > alloc_.limit()) {
       expect(!any_unused_segment(), "a lowered limit kept an unused segment while reserved is above it");
     }
-    expect_threshold_applied();
   }
 
   void do_set_release_threshold() {
     op_name_ = "set_release_threshold";
     static constexpr double kShares[] = {0.0, 0.0, 0.5, 0.8, 1.0};
     alloc_.set_release_threshold(kShares[draw(std::size(kShares))]);
-    expect_threshold_applied();
   }
 
+  // Every operation that adds a segment or leaves one unused applies the release threshold, so
+  // after any operation reserved is under it or nothing cached is left to give back.
   void expect_threshold_applied() {
     if (alloc_.release_threshold() == 0.0 || alloc_.reserved() <= threshold_target()) return;
     expect(!any_unused_segment(), "reserved stays above the release threshold with unused segments cached");
@@ -367,6 +351,7 @@ class PropertyRun {
 
   void check_after_op() {
     alloc_.check_invariants();
+    expect_threshold_applied();
     const SimBackend::Ledger ledger = backend_.ledger(0);
     const std::size_t reserved = alloc_.reserved();
     const std::size_t limit = alloc_.limit();
@@ -392,20 +377,13 @@ class PropertyRun {
            "segment counts differ from the device's reserve and release calls");
   }
 
+  // Frees everything and lets every event complete; the caller checks that nothing is left.
   void finish() {
     op_name_ = "final free, complete_events, empty_cache";
     do_free_all();
     backend_.complete_events();
     alloc_.empty_cache();
     alloc_.check_invariants();
-    const SimBackend::Ledger ledger = backend_.ledger(0);
-    expect(alloc_.reserved() == 0, "memory still reserved after freeing everything and empty_cache");
-    expect(ledger.in_use == 0, "the device still has memory handed out");
-    expect(ledger.live_events == 0, "events were leaked");
-    expect(ledger.reserves == ledger.releases, "reserve and release calls do not pair up");
-    for (const auto& [name, value] : gpumem::flatten(alloc_.stats())) {
-      if (name.size() > 8 && name.compare(name.size() - 8, 8, ".current") == 0) expect(value == 0, name + " is not 0");
-    }
   }
 
   const Config config_;
@@ -433,11 +411,25 @@ void run_configs(const SizeMix& mix, int mix_index) {
   };
   const std::size_t ops = ops_per_config();
   for (const Config& config : configs) {
+    INFO("seed " << config.seed << ", " << mix.name << ", limit " << config.limit_name
+                 << " (GPUMEM_PROPERTY_SEED=" << base_seed << " reruns it)");
     PropertyRun run(config);
     try {
       run.run(ops);
     } catch (const std::exception& e) {
-      FAIL(run.where() << ": " << e.what() << "\n(rerun with GPUMEM_PROPERTY_SEED=" << base_seed << ")");
+      FAIL(run.where() << ": " << e.what());
+    }
+    // Everything freed, every event complete, the cache emptied: nothing is left anywhere.
+    const SimBackend::Ledger ledger = run.ledger();
+    REQUIRE(run.allocator().reserved() == 0);
+    REQUIRE(ledger.in_use == 0);
+    REQUIRE(ledger.live_events == 0);
+    REQUIRE(ledger.reserves == ledger.releases);
+    for (const auto& [name, value] : gpumem::flatten(run.allocator().stats())) {
+      if (name.size() > 8 && name.compare(name.size() - 8, 8, ".current") == 0) {
+        INFO(name);
+        REQUIRE(value == 0);
+      }
     }
   }
 }

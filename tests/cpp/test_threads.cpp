@@ -353,6 +353,7 @@ TEST_CASE("set_limit raced up and down against allocating threads never lets the
   constexpr std::size_t kLimits[] = {8 * MiB, 16 * MiB, 32 * MiB, 48 * MiB, 64 * MiB};
   constexpr std::size_t kHighest = 64 * MiB;
   constexpr std::size_t kFinal = 16 * MiB;
+  constexpr double kThresholds[] = {0.0, 0.5, 1.0};
   constexpr int kWorkers = 3;
   SimBackend backend(kCapacity);
   backend.auto_complete_after(kEventQueries);
@@ -371,6 +372,7 @@ TEST_CASE("set_limit raced up and down against allocating threads never lets the
       } else {
         alloc.set_limit(std::to_string(limit));
       }
+      if (i % 8 == 0) alloc.set_release_threshold(kThresholds[rng() % std::size(kThresholds)]);
       if (i % 16 == 0) alloc.empty_cache();
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
