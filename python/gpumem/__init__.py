@@ -1,0 +1,38 @@
+"""gpumem: a byte-level hard cap on PyTorch's CUDA memory.
+
+    import gpumem
+    gpumem.set_limit("4GB")   # before the first CUDA allocation
+"""
+# torch first: loading the compiled module before torch has set itself up crashes the process.
+import torch  # noqa: F401
+
+try:
+    from gpumem import _C
+except ImportError as error:
+    raise ImportError(
+        "gpumem: its compiled module gpumem._C could not be imported "
+        f"({error}). Build it from the gpumem source tree, with PyTorch already installed: "
+        "`pip install --no-build-isolation .`"
+    ) from error
+
+from gpumem._api import (
+    empty_cache,
+    enable,
+    get_limit,
+    is_enabled,
+    reset_peak_stats,
+    set_limit,
+    set_release_threshold,
+    stats,
+)
+
+__all__ = [
+    "empty_cache",
+    "enable",
+    "get_limit",
+    "is_enabled",
+    "reset_peak_stats",
+    "set_limit",
+    "set_release_threshold",
+    "stats",
+]

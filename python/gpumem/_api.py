@@ -1,0 +1,99 @@
+"""The public functions. Each one validates everything before it changes anything."""
+from __future__ import annotations
+
+import numbers
+import threading
+from typing import Optional
+
+import torch
+
+from gpumem import _C, _devices, _env, _limits
+from gpumem._devices import Device
+from gpumem._limits import Limit
+
+# Installing and applying GPUMEM_LIMIT happen once; a set_limit racing with it must come after.
+_lock = threading.Lock()
+
+_TORCH_ALLOCATOR_IN_USE = (
+    "gpumem: PyTorch has already initialized CUDA with its own allocator in this process, and an "
+    "allocator cannot be swapped once it is in use. Enable gpumem before any CUDA work: call "
+    "gpumem.set_limit(...) or gpumem.enable() right after `import torch`, or set GPUMEM_LIMIT "
+    "(e.g. GPUMEM_LIMIT=4GB) before the process starts and call gpumem.enable() first thing. "
+    "Nothing was changed; this process goes on with PyTorch's own allocator."
+)
+
+
+def set_limit(limit: Limit, device: Device = None) -> None:
+    """Caps the CUDA memory PyTorch may reserve: on every visible device, or on `device`.
+
+    `limit` is a spec ("4GB", "512 MiB", "50%", "0.5", "none"), an int byte count, a float
+    fraction of the device in (0, 1], or None for no limit. The first call installs gpumem as
+    PyTorch's CUDA allocator (GPUMEM_LIMIT applies first, then this limit). A bad value, or a
+    value that does not fit one of the devices, raises and changes nothing.
+    """
+    spec = _limits.spec_of(limit)
+    with _lock:
+        _refuse_if_torch_allocator_in_use()
+        limits = _limits.resolve(spec, _devices.targets(device))
+        _enable_locked()
+        _apply(limits)
+
+
+def get_limit(device: Device = None) -> int:
+    """The cap in bytes on `device` (the current device for None)."""
+    return _C.get_limit(_devices.index(device))
+
+
+def enable() -> None:
+    """Installs gpumem as PyTorch's CUDA allocator, with the limits of GPUMEM_LIMIT if it is set."""
+    with _lock:
+        _enable_locked()
+
+
+def is_enabled() -> bool:
+    return _C.is_installed()
+
+
+def empty_cache() -> None:
+    """Returns every cached, unused segment of every device to CUDA."""
+    _C.empty_cache()
+
+
+def stats(device: Device = None) -> dict[str, int]:
+    """The statistics of `device`, keyed as torch.cuda.memory_stats keys them."""
+    return _C.stats(_devices.index(device))
+
+
+def reset_peak_stats(device: Device = None) -> None:
+    _C.reset_peak_stats(_devices.index(device))
+
+
+def set_release_threshold(share: float, device: Device = None) -> None:
+    """Once reserved memory passes `share` of the limit, cached segments are released, oldest first.
+
+    `share` is in (0, 1]; 0 turns the policy off. Applies to every visible device, or to `device`.
+    """
+    # The range is checked by _C, on the first device, before any device changes.
+    if isinstance(share, bool) or not isinstance(share, numbers.Real):
+        raise TypeError(f"gpumem: release threshold {share!r} is not a number in [0, 1]")
+    for index in _devices.targets(device):
+        _C.set_release_threshold(index, float(share))
+
+
+def _enable_locked() -> None:
+    if _C.is_installed():
+        return
+    _refuse_if_torch_allocator_in_use()
+    limits = _env.limits()
+    _C.install()
+    _apply(limits)
+
+
+def _refuse_if_torch_allocator_in_use() -> None:
+    if torch.cuda.is_initialized() and not _C.is_installed():
+        raise RuntimeError(_TORCH_ALLOCATOR_IN_USE)
+
+
+def _apply(limits: dict[int, Optional[int]]) -> None:
+    for device, nbytes in limits.items():
+        _C.set_limit_bytes(device, nbytes)

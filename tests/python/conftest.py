@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fake_c import GiB, FakeC, use_fake_c
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "known_limitation: checks the clear error gpumem gives for something it does not support"
+    )
+
+
+@pytest.fixture
+def fake_c(monkeypatch):
+    """gpumem's Python layer over two fake 8 GiB devices, CUDA not yet initialized, GPUMEM_LIMIT unset."""
+    fake = FakeC([8 * GiB, 8 * GiB])
+    use_fake_c(monkeypatch, fake)
+    return fake
+
+
+@pytest.fixture
+def run_python():
+    """Runs Python code in a fresh interpreter and returns the JSON value it prints last.
+
+    gpumem swaps the allocator once per process, before CUDA starts, so every GPU test needs a
+    process of its own. The code (parts, each dedented, joined by lines) starts with json, torch
+    and gpumem imported.
+    """
+
+    def run(*parts: str, env: dict | None = None, timeout: float = 300):
+        script = "\n".join(["import json, torch, gpumem"] + [textwrap.dedent(part) for part in parts])
+        completed = subprocess.run(
+            [sys.executable, "-c", script],
+            env={**_environment_without_gpumem_limit(), **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if completed.returncode != 0:
+            pytest.fail(f"snippet exited with {completed.returncode}:\n{completed.stderr[-6000:]}")
+        lines = completed.stdout.strip().splitlines()
+        if not lines:
+            pytest.fail(f"snippet printed nothing:\n{completed.stderr[-6000:]}")
+        return json.loads(lines[-1])
+
+    return run
+
+
+def _environment_without_gpumem_limit() -> dict:
+    # A GPUMEM_LIMIT in the caller's shell must not change what a test sets up.
+    return {name: value for name, value in os.environ.items() if name != "GPUMEM_LIMIT"}

@@ -1,0 +1,81 @@
+"""GPUMEM_LIMIT, applied when gpumem is installed, over fake devices (fake_c.py)."""
+import pytest
+
+import gpumem
+from fake_c import GiB
+
+MiB = 1 << 20
+
+
+def test_a_single_spec_caps_every_device_at_enable(fake_c, monkeypatch):
+    monkeypatch.setenv("GPUMEM_LIMIT", "1GB")
+    gpumem.enable()
+    assert fake_c.limits() == [1 * GiB, 1 * GiB]
+
+
+def test_per_device_specs_cap_each_device(fake_c, monkeypatch):
+    monkeypatch.setenv("GPUMEM_LIMIT", "0:1GB,1:25%")
+    gpumem.enable()
+    assert fake_c.limits() == [1 * GiB, 2 * GiB]
+
+
+def test_a_device_not_listed_stays_uncapped(fake_c, monkeypatch):
+    monkeypatch.setenv("GPUMEM_LIMIT", "1:512MB")
+    gpumem.enable()
+    assert fake_c.limits() == [8 * GiB, 512 * MiB]
+
+
+def test_the_first_set_limit_applies_it_for_the_other_devices(fake_c, monkeypatch):
+    monkeypatch.setenv("GPUMEM_LIMIT", "1GB")
+    gpumem.set_limit("3GB", device=1)
+    assert fake_c.limits() == [1 * GiB, 3 * GiB]
+
+
+def test_an_explicit_set_limit_overrides_it(fake_c, monkeypatch):
+    monkeypatch.setenv("GPUMEM_LIMIT", "1GB")
+    gpumem.enable()
+    gpumem.set_limit("3GB")
+    assert fake_c.limits() == [3 * GiB, 3 * GiB]
+
+
+def test_a_second_enable_does_not_apply_it_again(fake_c, monkeypatch):
+    monkeypatch.setenv("GPUMEM_LIMIT", "1GB")
+    gpumem.enable()
+    gpumem.set_limit("3GB")
+    gpumem.enable()
+    assert fake_c.limits() == [3 * GiB, 3 * GiB]
+
+
+@pytest.mark.parametrize("value", ["lots", "", "0:4GB,0:8GB", "4GB,1:2GB", "0:9GB", "1:-1GB", "150%"])
+def test_a_bad_value_is_an_error_naming_the_variable_its_value_and_the_forms(fake_c, monkeypatch, value):
+    monkeypatch.setenv("GPUMEM_LIMIT", value)
+    with pytest.raises(ValueError) as caught:
+        gpumem.enable()
+    message = str(caught.value)
+    assert f"GPUMEM_LIMIT={value!r}" in message
+    assert gpumem._C.limit_forms in message
+
+
+def test_a_bad_value_leaves_gpumem_uninstalled(fake_c, monkeypatch):
+    monkeypatch.setenv("GPUMEM_LIMIT", "lots")
+    with pytest.raises(ValueError):
+        gpumem.enable()
+    assert not fake_c.installed
+    assert fake_c.limits() == [8 * GiB, 8 * GiB]
+
+
+def test_a_bad_value_stops_set_limit_too(fake_c, monkeypatch):
+    monkeypatch.setenv("GPUMEM_LIMIT", "lots")
+    with pytest.raises(ValueError, match="GPUMEM_LIMIT"):
+        gpumem.set_limit("1GB")
+    assert not fake_c.installed
+    assert fake_c.limits() == [8 * GiB, 8 * GiB]
+
+
+def test_a_device_that_does_not_exist_is_an_error_naming_it(fake_c, monkeypatch):
+    monkeypatch.setenv("GPUMEM_LIMIT", "0:1GB,5:1GB")
+    with pytest.raises(ValueError) as caught:
+        gpumem.enable()
+    message = str(caught.value)
+    assert "GPUMEM_LIMIT" in message and "device 5" in message
+    assert not fake_c.installed

@@ -1,0 +1,231 @@
+"""The allocator core from Python, on a simulated device (gpumem._C.SimAllocator): no GPU needed."""
+import random
+
+import pytest
+import torch
+
+from gpumem import _C
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+@pytest.fixture
+def sim():
+    """A 1 GiB simulated device capped at 256 MiB."""
+    allocator = _C.SimAllocator(1 * GiB)
+    allocator.set_limit(0, "256MB")
+    return allocator
+
+
+def random_size(rng):
+    # Log-uniform from 1 byte to 64 MiB: both pools, every rounding class.
+    return int(2 ** rng.uniform(0, 26))
+
+
+def test_the_cap_holds_across_random_operations(sim):
+    rng = random.Random(1234)
+    live, ooms = [], 0
+    for _ in range(4000):
+        if live and rng.random() < 0.45:
+            sim.free(live.pop(rng.randrange(len(live))))
+        else:
+            try:
+                live.append(sim.malloc(0, random_size(rng), rng.choice([0, 0, 0, 1])))
+            except _C.OutOfMemoryError:
+                ooms += 1
+        assert sim.reserved(0) <= 256 * MiB
+    sim.check_invariants(0)
+    ledger = sim.ledger(0)
+    assert ledger["peak"] <= 256 * MiB
+    assert ledger["peak"] > 128 * MiB, "the workload never pressed the cap"
+    assert ooms > 0, "the workload never hit the cap"
+
+
+def test_the_cap_holds_with_streams_in_use_and_events_pending(sim):
+    rng = random.Random(99)
+    live = []
+    for step in range(2000):
+        if live and rng.random() < 0.5:
+            address = live.pop(rng.randrange(len(live)))
+            if rng.random() < 0.5:
+                sim.record_stream(address, rng.choice([1, 2]))
+            sim.free(address)
+        else:
+            try:
+                live.append(sim.malloc(0, random_size(rng), rng.choice([0, 1, 2])))
+            except _C.OutOfMemoryError:
+                pass
+        if step % 50 == 0:
+            sim.complete_events()
+        assert sim.reserved(0) <= 256 * MiB
+    sim.check_invariants(0)
+    assert sim.ledger(0)["peak"] <= 256 * MiB
+
+
+def test_out_of_memory_error_is_a_memory_error():
+    assert issubclass(_C.OutOfMemoryError, MemoryError)
+
+
+def test_a_request_over_the_limit_raises_naming_the_case_and_the_numbers(sim):
+    with pytest.raises(MemoryError) as caught:
+        sim.malloc(0, 300 * MiB)
+    message = str(caught.value)
+    assert "gpumem: over the limit" in message
+    assert "Tried to allocate 300.00 MiB" in message
+    assert "The gpumem limit is 256.00 MiB" in message
+    assert "gpumem.set_limit()" in message
+
+
+def test_an_out_of_memory_error_counts_in_num_ooms(sim):
+    with pytest.raises(_C.OutOfMemoryError):
+        sim.malloc(0, 300 * MiB)
+    assert sim.stats(0)["num_ooms"] == 1
+
+
+def test_a_device_that_refuses_is_reported_as_device_full(sim):
+    sim.fail_next(100)
+    with pytest.raises(_C.OutOfMemoryError, match="gpumem: device full"):
+        sim.malloc(0, 8 * MiB)
+    assert sim.ledger(0)["refusals"] >= 1
+
+
+def test_the_allocator_recovers_once_the_device_stops_refusing(sim):
+    sim.fail_next(1)
+    try:
+        sim.malloc(0, 8 * MiB)
+    except _C.OutOfMemoryError:
+        pass
+    assert sim.malloc(0, 8 * MiB) > 0
+
+
+def test_freed_memory_is_cached_until_empty_cache(sim):
+    sim.free(sim.malloc(0, 8 * MiB))
+    assert sim.reserved(0) >= 8 * MiB
+    sim.empty_cache(0)
+    assert sim.reserved(0) == 0
+    assert sim.ledger(0)["in_use"] == 0
+
+
+def test_lowering_the_limit_releases_cached_segments(sim):
+    sim.free(sim.malloc(0, 100 * MiB))
+    sim.set_limit(0, "64MB")
+    assert sim.reserved(0) <= 64 * MiB
+    assert sim.stats(0)["num_cache_releases"] >= 1
+
+
+def test_a_limit_lowered_below_live_memory_keeps_it_and_refuses_growth(sim):
+    live = sim.malloc(0, 100 * MiB)
+    sim.set_limit(0, "64MB")
+    assert sim.reserved(0) >= 100 * MiB
+    with pytest.raises(_C.OutOfMemoryError):
+        sim.malloc(0, 4 * MiB)
+    sim.free(live)
+    assert sim.malloc(0, 4 * MiB) > 0
+
+
+def test_a_bad_spec_changes_nothing(sim):
+    with pytest.raises(ValueError):
+        sim.set_limit(0, "lots")
+    assert sim.get_limit(0) == 256 * MiB
+
+
+def test_no_limit_means_the_device_total():
+    sim = _C.SimAllocator(1 * GiB)
+    sim.set_limit_bytes(0, 100 * MiB)
+    sim.set_limit_bytes(0, None)
+    assert sim.get_limit(0) == 1 * GiB
+    assert sim.malloc(0, 900 * MiB) > 0
+
+
+def test_each_device_has_its_own_cap():
+    sim = _C.SimAllocator(1 * GiB, 2)
+    sim.set_limit(0, "128MB")
+    assert sim.malloc(1, 512 * MiB) > 0
+    with pytest.raises(_C.OutOfMemoryError):
+        sim.malloc(0, 512 * MiB)
+
+
+def test_memory_freed_while_a_stream_uses_it_is_not_reused_until_the_stream_is_done(sim):
+    first = sim.malloc(0, 4 * MiB)
+    sim.record_stream(first, 7)
+    sim.free(first)
+    assert sim.malloc(0, 4 * MiB) != first
+    sim.complete_events()
+    assert sim.malloc(0, 4 * MiB) == first
+
+
+def test_a_bad_device_is_refused_naming_it(sim):
+    with pytest.raises(ValueError, match="3"):
+        sim.malloc(3, 1 * MiB)
+
+
+# ---- statistics ----------------------------------------------------------------------------------
+
+STAT_ARRAYS = [
+    "allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes",
+    "active_bytes", "inactive_split_bytes", "requested_bytes",
+]
+
+
+def torch_memory_stats_keys(monkeypatch):
+    """The keys torch.cuda.memory_stats gives, flattened by torch's own code.
+
+    The nested dict is shaped as torch/csrc/cuda/Module.cpp (memoryStats) builds it from a
+    c10 DeviceStats; torch.cuda.memory_stats cannot run without a GPU, its flattening can.
+    """
+    stat = {"current": 0, "peak": 0, "allocated": 0, "freed": 0}
+    nested = {
+        name: 0
+        for name in ("num_alloc_retries", "num_ooms", "max_split_size", "num_sync_all_streams",
+                     "num_device_alloc", "num_device_free")
+    }
+    for name in STAT_ARRAYS:
+        nested[name] = {pool: dict(stat) for pool in ("all", "small_pool", "large_pool")}
+    nested["oversize_allocations"] = dict(stat)
+    nested["oversize_segments"] = dict(stat)
+    monkeypatch.setattr(torch.cuda.memory, "memory_stats_as_nested_dict", lambda device=None: nested)
+    return set(torch.cuda.memory_stats())
+
+
+def test_stats_keys_are_torchs_memory_stats_keys_plus_num_cache_releases(sim, monkeypatch):
+    torch_keys = torch_memory_stats_keys(monkeypatch)
+    # The native allocator's oversize figures have no counterpart in gpumem's core.
+    native_only = {"max_split_size"} | {
+        f"oversize_{what}.{metric}"
+        for what in ("allocations", "segments")
+        for metric in ("current", "peak", "allocated", "freed")
+    }
+    assert set(sim.stats(0)) == (torch_keys - native_only) | {"num_cache_releases"}
+
+
+def test_stats_values_are_ints(sim):
+    sim.malloc(0, 1 * MiB)
+    assert all(type(value) is int for value in sim.stats(0).values())
+
+
+def test_stats_agree_with_the_devices_own_ledger(sim):
+    rng = random.Random(5)
+    live = [sim.malloc(0, random_size(rng)) for _ in range(20)]
+    for address in live[::2]:
+        sim.free(address)
+    stats = sim.stats(0)
+    assert stats["reserved_bytes.all.current"] == sim.ledger(0)["in_use"] == sim.reserved(0)
+    assert stats["num_device_alloc"] == sim.ledger(0)["reserves"]
+    assert 0 < stats["allocated_bytes.all.current"] <= stats["reserved_bytes.all.current"]
+
+
+def test_allocated_bytes_split_into_the_small_and_the_large_pool(sim):
+    sim.malloc(0, 1000)
+    sim.malloc(0, 8 * MiB)
+    stats = sim.stats(0)
+    small = stats["allocated_bytes.small_pool.current"]
+    large = stats["allocated_bytes.large_pool.current"]
+    assert small >= 1000 and large >= 8 * MiB
+    assert stats["allocated_bytes.all.current"] == small + large
+
+
+def test_requested_bytes_count_what_was_asked_before_rounding(sim):
+    sim.malloc(0, 1000)
+    stats = sim.stats(0)
+    assert stats["requested_bytes.all.current"] == 1000
+    assert stats["allocated_bytes.all.current"] >= 1000
