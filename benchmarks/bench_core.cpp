@@ -1,0 +1,248 @@
+// The cost of the cached path: malloc+free pairs through DeviceAllocator's Block* API.
+//
+// Each thread keeps a ring of 64 live blocks: it frees the oldest and allocates the next size, drawn
+// log-uniformly from 512 B to 64 MiB and generated beforehand so the RNG is not timed. The device is
+// simulated (SimBackend) with a large capacity and no limit, and a warm-up pass runs first, so the
+// timed pairs are served from the cache; the share that still reached the backend is printed.
+//
+// An optional argument replaces the 1,000,000 pairs per run (a profiler wants fewer).
+//
+// Figures need a Release build with the invariant checker compiled out:
+//   cmake -S . -B build-rel -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUMEM_TESTS=OFF
+//         -DGPUMEM_CHECK_INVARIANTS=OFF && ninja -C build-rel bench_core && ./build-rel/bench_core
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "backends/sim_backend.h"
+#include "core/device_allocator.h"
+
+namespace {
+
+using gpumem::Block;
+using gpumem::DeviceAllocator;
+using gpumem::SimBackend;
+using gpumem::StreamId;
+
+constexpr std::size_t kRing = 64;
+constexpr int kRuns = 5;
+constexpr double kTargetNs = 100.0;
+constexpr std::size_t kCapacity = std::size_t{1} << 40;  // 1 TiB: the device never runs out
+using Clock = std::chrono::steady_clock;
+
+std::size_t pairs_per_run = 1000000;  // per thread; set once, from the command line
+
+std::vector<std::size_t> log_uniform_sizes(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(std::log(512.0), std::log(64.0 * (1 << 20)));
+  std::vector<std::size_t> sizes(n);
+  for (std::size_t& s : sizes) s = static_cast<std::size_t>(std::exp(u(rng)));
+  return sizes;
+}
+
+double thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
+}
+
+// One thread's ring of live blocks on one allocator and stream.
+class Ring {
+ public:
+  Ring(DeviceAllocator& alloc, StreamId stream, std::uint64_t seed)
+      : alloc_(alloc), stream_(stream), sizes_(log_uniform_sizes(pairs_per_run, seed)) {
+    for (Block*& b : blocks_) b = alloc_.malloc(next_size(), stream_);
+  }
+  ~Ring() {
+    for (Block* b : blocks_) alloc_.free(b);
+  }
+
+  // The CPU time the thread spent on `pairs` pairs.
+  double run(std::size_t pairs) {
+    const double start = thread_cpu_ns();
+    for (std::size_t i = 0; i < pairs; ++i) {
+      Block*& slot = blocks_[oldest_];
+      alloc_.free(slot);
+      slot = alloc_.malloc(next_size(), stream_);
+      oldest_ = oldest_ + 1 == kRing ? 0 : oldest_ + 1;
+    }
+    return thread_cpu_ns() - start;
+  }
+
+ private:
+  std::size_t next_size() {
+    const std::size_t size = sizes_[cursor_];
+    cursor_ = cursor_ + 1 == sizes_.size() ? 0 : cursor_ + 1;
+    return size;
+  }
+
+  DeviceAllocator& alloc_;
+  const StreamId stream_;
+  const std::vector<std::size_t> sizes_;
+  Block* blocks_[kRing] = {};
+  std::size_t oldest_ = 0;
+  std::size_t cursor_ = 0;
+};
+
+struct RunTime {
+  double wall_ns;
+  double cpu_ns;  // mean over the threads
+};
+
+// Every ring runs `pairs_per_run` pairs on its own thread, all released at once.
+RunTime timed_run(std::vector<std::unique_ptr<Ring>>& rings) {
+  if (rings.size() == 1) {
+    const auto start = Clock::now();
+    const double cpu = rings[0]->run(pairs_per_run);
+    return {std::chrono::duration<double, std::nano>(Clock::now() - start).count(), cpu};
+  }
+  std::atomic<std::size_t> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<double> cpu(rings.size());
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < rings.size(); ++i) {
+    threads.emplace_back([&, i] {
+      ready.fetch_add(1);
+      while (!go.load(std::memory_order_acquire)) {
+      }
+      cpu[i] = rings[i]->run(pairs_per_run);
+    });
+  }
+  while (ready.load() != rings.size()) {
+  }
+  const auto start = Clock::now();
+  go.store(true, std::memory_order_release);
+  for (std::thread& t : threads) t.join();
+  const double wall = std::chrono::duration<double, std::nano>(Clock::now() - start).count();
+  double cpu_sum = 0;
+  for (double c : cpu) cpu_sum += c;
+  return {wall, cpu_sum / static_cast<double>(rings.size())};
+}
+
+std::uint64_t backend_calls(const SimBackend& backend) {
+  std::uint64_t calls = 0;
+  for (int d = 0; d < backend.device_count(); ++d) calls += backend.ledger(d).reserves + backend.ledger(d).releases;
+  return calls;
+}
+
+// The cache the timed runs work against.
+struct CacheState {
+  std::size_t segments = 0;
+  std::size_t free_blocks = 0;
+  std::size_t reserved = 0;
+};
+
+CacheState cache_state(const std::vector<const DeviceAllocator*>& allocs) {
+  CacheState state;
+  for (const DeviceAllocator* a : allocs) {
+    state.reserved += a->reserved();
+    for (const gpumem::SegmentInfo& s : a->snapshot()) {
+      ++state.segments;
+      for (const gpumem::BlockInfo& b : s.blocks) state.free_blocks += b.state == gpumem::BlockInfo::kFree;
+    }
+  }
+  return state;
+}
+
+struct Figures {
+  double wall_ns;            // per pair, wall time / the pairs of one thread: what each caller sees
+  double min_ns, max_ns;     // of wall_ns over the runs
+  double cpu_ns;             // per pair, the thread's CPU time: wall_ns without the time other processes took
+  double aggregate_ns;       // per pair, wall time / the pairs of all threads: the throughput of the whole
+  double backend_share;      // backend calls per timed pair: with no limit, only a cache miss calls it, once
+  CacheState cache;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+Figures measure(SimBackend& backend, std::vector<std::unique_ptr<Ring>>& rings,
+                const std::vector<const DeviceAllocator*>& allocs) {
+  for (auto& ring : rings) ring->run(pairs_per_run);  // warm-up: the cache grows to what the sequence needs
+  const std::uint64_t calls_before = backend_calls(backend);
+  std::vector<double> wall, cpu;
+  for (int r = 0; r < kRuns; ++r) {
+    const RunTime t = timed_run(rings);
+    wall.push_back(t.wall_ns / static_cast<double>(pairs_per_run));
+    cpu.push_back(t.cpu_ns / static_cast<double>(pairs_per_run));
+  }
+  const double pairs_all = static_cast<double>(pairs_per_run) * static_cast<double>(rings.size()) * kRuns;
+  Figures f;
+  f.wall_ns = median(wall);
+  f.min_ns = *std::min_element(wall.begin(), wall.end());
+  f.max_ns = *std::max_element(wall.begin(), wall.end());
+  f.cpu_ns = median(cpu);
+  f.aggregate_ns = f.wall_ns / static_cast<double>(rings.size());
+  f.backend_share = static_cast<double>(backend_calls(backend) - calls_before) / pairs_all;
+  f.cache = cache_state(allocs);
+  return f;
+}
+
+void print(const char* name, const Figures& f) {
+  std::printf("%-36s %8.1f ns [%7.1f .. %7.1f]  cpu %7.1f ns  aggregate %7.1f ns  target < %.0f ns: %-5s\n", name,
+              f.wall_ns, f.min_ns, f.max_ns, f.cpu_ns, f.aggregate_ns, kTargetNs,
+              f.wall_ns < kTargetNs ? "met" : "ABOVE");
+  std::printf("%-36s pairs that reached the backend: %.4f%%; cache: %zu segments, %.2f GiB, %zu free blocks\n", "",
+              100.0 * f.backend_share, f.cache.segments, static_cast<double>(f.cache.reserved) / (1 << 30),
+              f.cache.free_blocks);
+}
+
+const gpumem::AllocatorConfig kNoLimit{};
+
+void bench_one_thread() {
+  SimBackend backend(kCapacity);
+  DeviceAllocator alloc(backend, 0, kNoLimit);
+  std::vector<std::unique_ptr<Ring>> rings;
+  rings.push_back(std::make_unique<Ring>(alloc, 0, 1));
+  print("1 thread", measure(backend, rings, {&alloc}));
+}
+
+void bench_two_streams() {
+  SimBackend backend(kCapacity);
+  DeviceAllocator alloc(backend, 0, kNoLimit);
+  std::vector<std::unique_ptr<Ring>> rings;
+  rings.push_back(std::make_unique<Ring>(alloc, 1, 1));
+  rings.push_back(std::make_unique<Ring>(alloc, 2, 2));
+  print("2 threads, one device, own streams", measure(backend, rings, {&alloc}));
+}
+
+void bench_two_devices() {
+  SimBackend backend(kCapacity, 2);
+  DeviceAllocator alloc0(backend, 0, kNoLimit);
+  DeviceAllocator alloc1(backend, 1, kNoLimit);
+  std::vector<std::unique_ptr<Ring>> rings;
+  rings.push_back(std::make_unique<Ring>(alloc0, 0, 1));
+  rings.push_back(std::make_unique<Ring>(alloc1, 0, 2));
+  print("2 threads, own devices", measure(backend, rings, {&alloc0, &alloc1}));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1) pairs_per_run = std::max<std::size_t>(std::strtoull(argv[1], nullptr, 10), 1);
+  std::printf("gpumem bench_core: malloc+free pairs, sizes log-uniform 512 B..64 MiB, ring of %zu live blocks\n", kRing);
+  std::printf("SimBackend, no limit, after a warm-up pass; %zu pairs per thread per run, median of %d runs\n", pairs_per_run,
+              kRuns);
+  std::printf("ns per pair: wall time / the pairs of one thread, median [fastest .. slowest run]; cpu: the same in\n"
+              "thread CPU time (unaffected by other processes); aggregate: wall time / the pairs of all threads\n");
+#if GPUMEM_CHECK_INVARIANTS
+  std::printf("WARNING: built with GPUMEM_CHECK_INVARIANTS: every malloc and free walks all segments; configure\n"
+              "         with -DGPUMEM_CHECK_INVARIANTS=OFF for the figures of a release build\n");
+#endif
+  std::printf("\n");
+  bench_one_thread();
+  bench_two_streams();
+  bench_two_devices();
+  return 0;
+}
