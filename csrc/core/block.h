@@ -29,6 +29,22 @@ class DeviceAllocator;
 struct Segment;
 struct Pool;
 
+// Free blocks ordered by (stream, size, address): best fit is one lower_bound. Each tree node
+// carries its block's key, so a search compares node memory instead of following Block pointers.
+struct Block;
+struct FreeKey {
+  StreamId stream;
+  std::size_t size;
+  std::uintptr_t addr;
+  Block* block;
+  bool operator<(const FreeKey& o) const {
+    if (stream != o.stream) return stream < o.stream;
+    if (size != o.size) return size < o.size;
+    return addr < o.addr;
+  }
+};
+using BlockSet = std::set<FreeKey>;
+
 struct Block {
   std::uintptr_t addr = 0;
   std::size_t size = 0;
@@ -39,6 +55,7 @@ struct Block {
   Block* next = nullptr;
   bool allocated = false;
   int pending_events = 0;          // freed by the caller, still in use on other streams
+  BlockSet::iterator where;        // its place in the free set, valid while it is free
   std::vector<StreamId> stream_uses;  // streams other than `stream` that used the block
 
   void* ptr() const { return reinterpret_cast<void*>(addr); }
@@ -46,15 +63,27 @@ struct Block {
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
 
-// Free blocks ordered by (stream, size, address): best fit is one lower_bound.
-struct BlockOrder {
-  bool operator()(const Block* a, const Block* b) const {
-    if (a->stream != b->stream) return a->stream < b->stream;
-    if (a->size != b->size) return a->size < b->size;
-    return a->addr < b->addr;
+// One size class of a pool's free blocks. Erasing goes through the iterator each block keeps,
+// with no second search, and tree nodes are kept for the next insert instead of going back to
+// the heap: splits and merges happen on every cached allocation.
+class FreeBlocks {
+ public:
+  void insert(Block* block);
+  void erase(Block* block);
+  // The smallest free block on `stream` of at least `size` bytes, removed; nullptr if none.
+  Block* take_best_fit(StreamId stream, std::size_t size);
+
+  bool contains(const Block* block) const;
+  std::size_t size() const { return set_.size(); }
+  template <typename F>
+  void for_each(F f) const {
+    for (const FreeKey& k : set_) f(k.block);
   }
+
+ private:
+  BlockSet set_;
+  std::vector<BlockSet::node_type> spare_;
 };
-using BlockSet = std::set<Block*, BlockOrder>;
 
 // {0, 0} is the default pool; others mirror PyTorch's MempoolId_t.
 struct PoolId {
@@ -67,12 +96,12 @@ struct PoolId {
 
 struct Pool {
   PoolId id;
-  BlockSet small_blocks;
-  BlockSet large_blocks;
+  FreeBlocks small_blocks;
+  FreeBlocks large_blocks;
   int use_count = 0;   // private pools: holders (graphs, MemPools); 0 means its cache may go
   int segments = 0;
 
-  BlockSet& blocks_for(bool small) { return small ? small_blocks : large_blocks; }
+  FreeBlocks& blocks_for(bool small) { return small ? small_blocks : large_blocks; }
 };
 
 struct Segment {

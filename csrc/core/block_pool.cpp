@@ -27,15 +27,34 @@ void BlockArena::recycle(Block* block) {
   spare_.push_back(block);
 }
 
-Block* take_best_fit(BlockSet& blocks, StreamId stream, std::size_t size) {
-  Block key;
-  key.stream = stream;
-  key.size = size;
-  auto it = blocks.lower_bound(&key);
-  if (it == blocks.end() || (*it)->stream != stream) return nullptr;
-  Block* block = *it;
-  blocks.erase(it);
+namespace {
+FreeKey key_of(Block* block) { return FreeKey{block->stream, block->size, block->addr, block}; }
+}  // namespace
+
+void FreeBlocks::insert(Block* block) {
+  if (spare_.empty()) {
+    block->where = set_.insert(key_of(block)).first;
+    return;
+  }
+  BlockSet::node_type node = std::move(spare_.back());
+  spare_.pop_back();
+  node.value() = key_of(block);
+  block->where = set_.insert(std::move(node)).position;
+}
+
+void FreeBlocks::erase(Block* block) { spare_.push_back(set_.extract(block->where)); }
+
+Block* FreeBlocks::take_best_fit(StreamId stream, std::size_t size) {
+  auto it = set_.lower_bound(FreeKey{stream, size, 0, nullptr});
+  if (it == set_.end() || it->stream != stream) return nullptr;
+  Block* block = it->block;
+  spare_.push_back(set_.extract(it));
   return block;
+}
+
+bool FreeBlocks::contains(const Block* block) const {
+  auto it = set_.find(FreeKey{block->stream, block->size, block->addr, nullptr});
+  return it != set_.end() && it->block == block;
 }
 
 Block* split_block(Block* block, std::size_t size, BlockArena& arena) {
@@ -64,7 +83,7 @@ void absorb(Block* earlier, Block* later, BlockArena& arena) {
 
 }  // namespace
 
-Merge merge_free_neighbours(Block* block, BlockSet& blocks, BlockArena& arena) {
+Merge merge_free_neighbours(Block* block, FreeBlocks& blocks, BlockArena& arena) {
   Merge merge{block, {0, 0}, 0};
   if (Block* next = block->next; next && next->is_free()) {
     merge.absorbed[merge.absorbed_count++] = next->size;
@@ -82,8 +101,8 @@ Merge merge_free_neighbours(Block* block, BlockSet& blocks, BlockArena& arena) {
 
 std::size_t largest_free_block(const Pool& pool) {
   std::size_t largest = 0;
-  for (const BlockSet* set : {&pool.small_blocks, &pool.large_blocks}) {
-    for (const Block* b : *set) largest = std::max(largest, b->size);
+  for (const FreeBlocks* set : {&pool.small_blocks, &pool.large_blocks}) {
+    set->for_each([&](const Block* b) { largest = std::max(largest, b->size); });
   }
   return largest;
 }

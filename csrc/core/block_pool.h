@@ -22,9 +22,6 @@ class BlockArena {
   std::vector<Block*> spare_;
 };
 
-// The smallest free block on `stream` of at least `size` bytes, removed from the set; nullptr if none.
-Block* take_best_fit(BlockSet& blocks, StreamId stream, std::size_t size);
-
 // Cuts `block` (not in any set) after `size` bytes; `block` keeps the front, the returned block
 // is the rest, linked after it in the segment.
 Block* split_block(Block* block, std::size_t size, BlockArena& arena);
@@ -35,7 +32,7 @@ struct Merge {
   std::size_t absorbed[2];     // sizes of the neighbours folded in (each was an inactive split block)
   int absorbed_count;
 };
-Merge merge_free_neighbours(Block* block, BlockSet& blocks, BlockArena& arena);
+Merge merge_free_neighbours(Block* block, FreeBlocks& blocks, BlockArena& arena);
 
 // The largest free block in `pool`, 0 if none.
 std::size_t largest_free_block(const Pool& pool);

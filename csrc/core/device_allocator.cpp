@@ -90,10 +90,10 @@ Pool& DeviceAllocator::pool_for_locked(StreamId stream) {
 }
 
 Block* DeviceAllocator::try_cached(Pool& pool, bool small, StreamId stream, std::size_t size) {
-  Block* block = take_best_fit(pool.blocks_for(small), stream, size);
+  Block* block = pool.blocks_for(small).take_best_fit(stream, size);
   if (block && block->is_split()) {
-    update_stat(stats_.inactive_split, small, -1);
-    update_stat(stats_.inactive_split_bytes, small, -static_cast<std::int64_t>(block->size));
+    decrease_stat(stats_.inactive_split, small, 1);
+    decrease_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(block->size));
   }
   return block;
 }
@@ -135,8 +135,8 @@ Block* DeviceAllocator::reserve_segment(Pool& pool, bool small, StreamId stream,
   segment->head = head;
   segments_.emplace(segment->addr, std::move(segment));
   ++pool.segments;
-  update_stat(stats_.segment, small, 1);
-  update_stat(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
+  increase_stat(stats_.segment, small, 1);
+  increase_stat(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
   ++stats_.num_device_alloc;
   return head;
 }
@@ -147,17 +147,17 @@ Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t reques
   if (should_split(block->size, size)) {
     Block* rest = split_block(block, size, arena_);
     block->segment->pool->blocks_for(small).insert(rest);
-    update_stat(stats_.inactive_split, small, 1);
-    update_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(rest->size));
+    increase_stat(stats_.inactive_split, small, 1);
+    increase_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(rest->size));
   }
   block->allocated = true;
   block->requested = requested;
   const auto bytes = static_cast<std::int64_t>(block->size);
-  update_stat(stats_.allocation, small, 1);
-  update_stat(stats_.allocated_bytes, small, bytes);
-  update_stat(stats_.active, small, 1);
-  update_stat(stats_.active_bytes, small, bytes);
-  update_stat(stats_.requested_bytes, small, static_cast<std::int64_t>(requested));
+  increase_stat(stats_.allocation, small, 1);
+  increase_stat(stats_.allocated_bytes, small, bytes);
+  increase_stat(stats_.active, small, 1);
+  increase_stat(stats_.active_bytes, small, bytes);
+  increase_stat(stats_.requested_bytes, small, static_cast<std::int64_t>(requested));
   debug_check();
   return block;
 }
@@ -191,9 +191,9 @@ void DeviceAllocator::free(Block* block) {
   if (!block->allocated) throw std::logic_error("gpumem: block freed twice or never allocated");
   const bool small = block->segment->small;
   block->allocated = false;
-  update_stat(stats_.allocation, small, -1);
-  update_stat(stats_.allocated_bytes, small, -static_cast<std::int64_t>(block->size));
-  update_stat(stats_.requested_bytes, small, -static_cast<std::int64_t>(block->requested));
+  decrease_stat(stats_.allocation, small, 1);
+  decrease_stat(stats_.allocated_bytes, small, static_cast<std::int64_t>(block->size));
+  decrease_stat(stats_.requested_bytes, small, static_cast<std::int64_t>(block->requested));
   block->requested = 0;
   if (block->stream_uses.empty()) {
     free_block(block);
@@ -208,17 +208,17 @@ void DeviceAllocator::free(Block* block) {
 
 void DeviceAllocator::free_block(Block* block) {
   const bool small = block->segment->small;
-  update_stat(stats_.active, small, -1);
-  update_stat(stats_.active_bytes, small, -static_cast<std::int64_t>(block->size));
-  BlockSet& blocks = block->segment->pool->blocks_for(small);
+  decrease_stat(stats_.active, small, 1);
+  decrease_stat(stats_.active_bytes, small, static_cast<std::int64_t>(block->size));
+  FreeBlocks& blocks = block->segment->pool->blocks_for(small);
   const Merge merge = merge_free_neighbours(block, blocks, arena_);
   for (int i = 0; i < merge.absorbed_count; ++i) {
-    update_stat(stats_.inactive_split, small, -1);
-    update_stat(stats_.inactive_split_bytes, small, -static_cast<std::int64_t>(merge.absorbed[i]));
+    decrease_stat(stats_.inactive_split, small, 1);
+    decrease_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(merge.absorbed[i]));
   }
   if (merge.block->is_split()) {
-    update_stat(stats_.inactive_split, small, 1);
-    update_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(merge.block->size));
+    increase_stat(stats_.inactive_split, small, 1);
+    increase_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(merge.block->size));
   }
   blocks.insert(merge.block);
   if (release_threshold_ > 0.0 && merge.block->segment->is_unused()) apply_release_threshold();
@@ -280,8 +280,8 @@ void DeviceAllocator::release_segment(Segment* segment) {
   segment->pool->blocks_for(segment->small).erase(head);
   backend_.release(device_, head->ptr(), segment->size);
   cap_.unreserve(segment->size);
-  update_stat(stats_.segment, segment->small, -1);
-  update_stat(stats_.reserved_bytes, segment->small, -static_cast<std::int64_t>(segment->size));
+  decrease_stat(stats_.segment, segment->small, 1);
+  decrease_stat(stats_.reserved_bytes, segment->small, static_cast<std::int64_t>(segment->size));
   ++stats_.num_device_free;
   --segment->pool->segments;
   arena_.recycle(head);

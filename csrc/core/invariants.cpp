@@ -23,23 +23,23 @@ struct Recount {
 void count_block(Recount& r, const Block& b, bool small) {
   const auto bytes = static_cast<std::int64_t>(b.size);
   if (b.allocated) {
-    update_stat(r.stats.allocation, small, 1);
-    update_stat(r.stats.allocated_bytes, small, bytes);
-    update_stat(r.stats.requested_bytes, small, static_cast<std::int64_t>(b.requested));
+    increase_stat(r.stats.allocation, small, 1);
+    increase_stat(r.stats.allocated_bytes, small, bytes);
+    increase_stat(r.stats.requested_bytes, small, static_cast<std::int64_t>(b.requested));
   }
   if (!b.is_free()) {
-    update_stat(r.stats.active, small, 1);
-    update_stat(r.stats.active_bytes, small, bytes);
+    increase_stat(r.stats.active, small, 1);
+    increase_stat(r.stats.active_bytes, small, bytes);
   } else if (b.is_split()) {
-    update_stat(r.stats.inactive_split, small, 1);
-    update_stat(r.stats.inactive_split_bytes, small, bytes);
+    increase_stat(r.stats.inactive_split, small, 1);
+    increase_stat(r.stats.inactive_split_bytes, small, bytes);
   }
 }
 
 void check_segment(int device, const Segment& s, Recount& r) {
   if (!s.head || s.head->prev || s.head->addr != s.addr) broken(device, "segment head is not its first block", s.addr);
-  update_stat(r.stats.segment, s.small, 1);
-  update_stat(r.stats.reserved_bytes, s.small, static_cast<std::int64_t>(s.size));
+  increase_stat(r.stats.segment, s.small, 1);
+  increase_stat(r.stats.reserved_bytes, s.small, static_cast<std::int64_t>(s.size));
   std::size_t total = 0;
   for (const Block* b = s.head; b; b = b->next) {
     if (b->segment != &s) broken(device, "block points to another segment", b->addr);
@@ -48,10 +48,10 @@ void check_segment(int device, const Segment& s, Recount& r) {
     if (b->next && b->addr + b->size != b->next->addr) broken(device, "blocks are not contiguous", b->addr);
     if (b->next && b->is_free() && b->next->is_free()) broken(device, "two free neighbours were not merged", b->addr);
     if (b->size == 0 || b->size % 512 != 0) broken(device, "block size is not a positive multiple of 512", b->addr);
-    const BlockSet& set = s.pool->small_blocks.count(const_cast<Block*>(b)) ? s.pool->small_blocks : s.pool->large_blocks;
-    const bool in_set = set.count(const_cast<Block*>(b)) == 1;
-    if (in_set != b->is_free()) broken(device, b->is_free() ? "free block missing from its pool" : "used block in a free set", b->addr);
-    if (in_set && &set != &const_cast<Pool*>(s.pool)->blocks_for(s.small)) broken(device, "free block in the wrong size class", b->addr);
+    const bool in_own = s.pool->blocks_for(s.small).contains(b);
+    const bool in_other = s.pool->blocks_for(!s.small).contains(b);
+    if (in_other) broken(device, "free block in the wrong size class", b->addr);
+    if (in_own != b->is_free()) broken(device, b->is_free() ? "free block missing from its pool" : "used block in a free set", b->addr);
     if (b->is_free()) ++r.free_blocks[s.pool];
     count_block(r, *b, s.small);
     total += b->size;

@@ -44,10 +44,15 @@ struct Stat {
   std::int64_t allocated = 0;  // accumulated increases
   std::int64_t freed = 0;      // accumulated decreases
 
-  void add(std::int64_t amount) {
+  // The sign is known where these are called; separate functions keep the hot path branch-free.
+  void increase(std::int64_t amount) {
     current += amount;
-    if (current > peak) peak = current;
-    if (amount > 0) allocated += amount; else freed -= amount;
+    peak = current > peak ? current : peak;
+    allocated += amount;
+  }
+  void decrease(std::int64_t amount) {
+    current -= amount;
+    freed += amount;
   }
   void reset_peak() { peak = current; }
   void reset_accumulated() { allocated = 0; freed = 0; }
@@ -71,10 +76,14 @@ struct DeviceStats {
   void reset_accumulated();
 };
 
-// Adds `amount` to the "all" entry and to the pool's entry.
-inline void update_stat(StatArray& stat, bool small_pool, std::int64_t amount) {
-  stat[kAll].add(amount);
-  stat[small_pool ? kSmallPool : kLargePool].add(amount);
+// Changes the "all" entry and the pool's entry by `amount` (>= 0).
+inline void increase_stat(StatArray& stat, bool small_pool, std::int64_t amount) {
+  stat[kAll].increase(amount);
+  stat[small_pool ? kSmallPool : kLargePool].increase(amount);
+}
+inline void decrease_stat(StatArray& stat, bool small_pool, std::int64_t amount) {
+  stat[kAll].decrease(amount);
+  stat[small_pool ? kSmallPool : kLargePool].decrease(amount);
 }
 
 // Flat view: ("allocated_bytes.all.current", value) ... then ("num_ooms", value) ...

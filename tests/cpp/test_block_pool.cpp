@@ -256,12 +256,16 @@ TEST_CASE("take_best_fit ignores blocks of other streams even when they are smal
   s2_exact.stream = 2;
   s2_exact.size = 4096;
   s2_exact.addr = 0x9000;
-  BlockSet set{&s1_small, &s2_exact};
+  FreeBlocks set;
+  set.insert(&s1_small);
+  set.insert(&s2_exact);
 
-  REQUIRE(take_best_fit(set, 1, 2048) == nullptr);
-  REQUIRE(take_best_fit(set, 3, 512) == nullptr);
-  REQUIRE(take_best_fit(set, 2, 2048) == &s2_exact);
+  REQUIRE(set.take_best_fit(1, 2048) == nullptr);
+  REQUIRE(set.take_best_fit(3, 512) == nullptr);
+  REQUIRE(set.take_best_fit(2, 2048) == &s2_exact);
   REQUIRE(set.size() == 1);
+  REQUIRE(set.contains(&s1_small));
+  REQUIRE_FALSE(set.contains(&s2_exact));
 }
 
 TEST_CASE("take_best_fit breaks a tie of sizes by the lower address", "[split]") {
@@ -269,6 +273,25 @@ TEST_CASE("take_best_fit breaks a tie of sizes by the lower address", "[split]")
   high.size = low.size = 4096;
   high.addr = 0x8000;
   low.addr = 0x2000;
-  BlockSet set{&high, &low};
-  REQUIRE(take_best_fit(set, 0, 4096) == &low);
+  FreeBlocks set;
+  set.insert(&high);
+  set.insert(&low);
+  REQUIRE(set.take_best_fit(0, 4096) == &low);
+}
+
+TEST_CASE("a free set reuses its tree nodes and erases by the block's own position", "[split]") {
+  Block a, b, c;
+  a.size = 512, b.size = 1024, c.size = 2048;
+  a.addr = 0x1000, b.addr = 0x2000, c.addr = 0x3000;
+  FreeBlocks set;
+  set.insert(&a);
+  set.insert(&b);
+  set.erase(&a);            // its node is kept ...
+  set.insert(&c);           // ... and carries c now
+  REQUIRE(set.size() == 2);
+  REQUIRE_FALSE(set.contains(&a));
+  REQUIRE(set.contains(&c));
+  set.erase(&b);
+  REQUIRE(set.take_best_fit(0, 512) == &c);
+  REQUIRE(set.size() == 0);
 }
