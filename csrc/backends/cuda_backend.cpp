@@ -35,6 +35,21 @@ class DeviceScope {
   bool switched_ = false;
 };
 
+// While a CUDA graph is being captured in the global or thread-local mode (torch's), CUDA refuses
+// cudaMalloc and cudaMemGetInfo on the capturing thread. A private pool grows during capture, so
+// its segments are reserved then: relax the thread's mode around those calls, as PyTorch's own
+// allocator does. A segment reserved during capture is safe: replays reuse its address.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 }  // namespace
 
 CudaBackend::CudaBackend() {
@@ -47,6 +62,7 @@ CudaBackend::CudaBackend() {
 
 void* CudaBackend::reserve(int device, std::size_t bytes) {
   DeviceScope scope(device);
+  RelaxedCaptureMode relaxed;
   void* ptr = nullptr;
   const cudaError_t status = cudaMalloc(&ptr, bytes);
   if (status == cudaErrorMemoryAllocation) {
@@ -68,6 +84,7 @@ MemInfo CudaBackend::mem_info(int device) {
                       std::to_string(device_count_) + " (CUDA_VISIBLE_DEVICES applies)");
   }
   DeviceScope scope(device);
+  RelaxedCaptureMode relaxed;
   MemInfo info;
   check(cudaMemGetInfo(&info.free, &info.total), "cudaMemGetInfo");
   return info;

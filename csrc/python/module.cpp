@@ -1,0 +1,189 @@
+// gpumem._C: the compiled layer under the gpumem Python package.
+//
+//   - the limit grammar (parse_limit, parse_limit_assignments, limit_forms, format_bytes);
+//   - the process's allocator over CUDA (install, set_limit, stats, ...): every function works
+//     before install(); a device's allocator is made on first use, so a limit set early holds
+//     from torch's first CUDA allocation on;
+//   - SimAllocator: the same core over a simulated device, for tests and trace replay (no GPU).
+// Errors: LimitSpecError and DeviceError -> ValueError; gpumem's OutOfMemoryError ->
+// _C.OutOfMemoryError (a MemoryError); install() too late -> RuntimeError.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+
+#include "backends/sim_backend.h"
+#include "core/caching_allocator.h"
+#include "core/errors.h"
+#include "core/limit_spec.h"
+#include "torch/install.h"
+
+namespace py = pybind11;
+
+namespace gpumem {
+namespace {
+
+py::dict stats_dict(const DeviceStats& stats) {
+  py::dict out;
+  for (const auto& [key, value] : flatten(stats)) out[py::str(key)] = value;
+  return out;
+}
+
+DeviceStats stats_of(CachingAllocator& core, int device) {
+  const DeviceAllocator* d = core.existing(device);
+  return d ? d->stats() : DeviceStats{};
+}
+
+const char* state_name(BlockInfo::State state) {
+  switch (state) {
+    case BlockInfo::kFree: return "free";
+    case BlockInfo::kAllocated: return "allocated";
+    case BlockInfo::kPendingFree: return "pending_free";
+  }
+  return "unknown";
+}
+
+py::list snapshot_list(const DeviceAllocator& device) {
+  py::list segments;
+  for (const SegmentInfo& s : device.snapshot()) {
+    py::list blocks;
+    for (const BlockInfo& b : s.blocks) {
+      blocks.append(py::dict(py::arg("address") = b.addr, py::arg("size") = b.size, py::arg("requested") = b.requested,
+                             py::arg("state") = state_name(b.state)));
+    }
+    segments.append(py::dict(py::arg("address") = s.addr, py::arg("size") = s.size, py::arg("stream") = s.stream,
+                             py::arg("pool") = py::make_tuple(s.pool.first, s.pool.second),
+                             py::arg("small") = s.small, py::arg("blocks") = blocks));
+  }
+  return segments;
+}
+
+void set_limit_bytes(DeviceAllocator& device, std::optional<std::size_t> nbytes) { device.set_limit(nbytes); }
+
+// The core over a simulated device, by address as Python sees it.
+class SimAllocator {
+ public:
+  SimAllocator(std::size_t capacity, int devices) : backend_(capacity, devices), core_(backend_) {}
+
+  std::uintptr_t malloc(int device, std::size_t size, StreamId stream) {
+    return reinterpret_cast<std::uintptr_t>(core_.raw_alloc(device, size, stream));
+  }
+  void free(std::uintptr_t addr) { core_.raw_free(reinterpret_cast<void*>(addr)); }
+  void record_stream(std::uintptr_t addr, StreamId stream) {
+    Block* block = core_.find_raw(reinterpret_cast<void*>(addr));
+    if (!block) throw std::invalid_argument("gpumem: record_stream of an address malloc did not return");
+    block->segment->owner->record_stream(block, stream);
+  }
+  DeviceAllocator& device(int index) { return core_.device(index); }
+  CachingAllocator& core() { return core_; }
+  SimBackend& backend() { return backend_; }
+
+  py::dict ledger(int device) const {
+    const SimBackend::Ledger l = backend_.ledger(device);
+    return py::dict(py::arg("in_use") = l.in_use, py::arg("peak") = l.peak, py::arg("reserves") = l.reserves,
+                    py::arg("releases") = l.releases, py::arg("refusals") = l.refusals, py::arg("syncs") = l.syncs,
+                    py::arg("live_events") = l.live_events);
+  }
+
+ private:
+  SimBackend backend_;
+  CachingAllocator core_;
+};
+
+void register_errors(py::module_& m) {
+  py::register_exception<OutOfMemoryError>(m, "OutOfMemoryError", PyExc_MemoryError);
+  py::register_exception_translator([](std::exception_ptr error) {
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (const LimitSpecError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const DeviceError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+}
+
+void bind_limits(py::module_& m) {
+  m.attr("limit_forms") = kLimitForms;
+  m.def("parse_limit", &parse_limit, py::arg("spec"), py::arg("device_total"),
+        "Bytes for a limit spec on a device of device_total bytes; None for \"none\". ValueError if bad.");
+  m.def("parse_limit_assignments", [](const std::string& text) {
+    std::vector<std::pair<int, std::string>> out;
+    for (const LimitAssignment& a : parse_limit_assignments(text)) out.emplace_back(a.device, a.spec);
+    return out;
+  }, py::arg("text"), "GPUMEM_LIMIT's entries as (device, spec); device -1 means every device.");
+  m.def("format_bytes", &format_bytes, py::arg("n"));
+}
+
+void bind_process_allocator(py::module_& m) {
+  using Release = py::call_guard<py::gil_scoped_release>;
+  auto core = []() -> CachingAllocator& { return process_allocator().core(); };
+  m.def("install", &install, "Makes gpumem torch's CUDA allocator; RuntimeError if torch's own already served memory.");
+  m.def("is_installed", &is_installed);
+  m.def("device_count", [core] { return core().device_count(); });
+  m.def("set_limit", [core](int device, const std::string& spec) { core().device(device).set_limit(std::string_view(spec)); },
+        py::arg("device"), py::arg("spec"), Release());
+  m.def("set_limit_bytes", [core](int device, std::optional<std::size_t> nbytes) { set_limit_bytes(core().device(device), nbytes); },
+        py::arg("device"), py::arg("nbytes"), Release());
+  m.def("get_limit", [core](int device) { return core().device(device).limit(); }, py::arg("device"));
+  m.def("set_release_threshold", [core](int device, double share) { core().device(device).set_release_threshold(share); },
+        py::arg("device"), py::arg("share"));
+  m.def("get_release_threshold", [core](int device) { return core().device(device).release_threshold(); },
+        py::arg("device"));
+  m.def("empty_cache", [core] {
+    for (int d = 0; d < core().device_count(); ++d) {
+      if (DeviceAllocator* device = core().existing(d)) device->empty_cache();
+    }
+  }, Release());
+  m.def("stats", [core](int device) { return stats_dict(stats_of(core(), device)); }, py::arg("device"));
+  m.def("reset_peak_stats", [core](int device) {
+    if (DeviceAllocator* d = core().existing(device)) d->reset_peak_stats();
+  }, py::arg("device"));
+  m.def("reset_accumulated_stats", [core](int device) {
+    if (DeviceAllocator* d = core().existing(device)) d->reset_accumulated_stats();
+  }, py::arg("device"));
+  m.def("mem_info", [core](int device) {
+    const MemInfo info = core().device(device).device_mem_info();
+    return std::make_pair(info.free, info.total);
+  }, py::arg("device"), "(free, total) bytes of the device itself, as CUDA reports them.");
+  m.def("largest_free_block", [core](int device) {
+    const DeviceAllocator* d = core().existing(device);
+    return d ? d->largest_free_block() : std::size_t{0};
+  }, py::arg("device"));
+}
+
+void bind_sim_allocator(py::module_& m) {
+  py::class_<SimAllocator>(m, "SimAllocator", "gpumem's allocator over a simulated device: no GPU, no memory touched.")
+      .def(py::init<std::size_t, int>(), py::arg("capacity"), py::arg("devices") = 1)
+      .def("malloc", &SimAllocator::malloc, py::arg("device"), py::arg("size"), py::arg("stream") = 0)
+      .def("free", &SimAllocator::free, py::arg("addr"))
+      .def("record_stream", &SimAllocator::record_stream, py::arg("addr"), py::arg("stream"))
+      .def("set_limit", [](SimAllocator& s, int device, const std::string& spec) { s.device(device).set_limit(std::string_view(spec)); },
+           py::arg("device"), py::arg("spec"))
+      .def("set_limit_bytes", [](SimAllocator& s, int device, std::optional<std::size_t> nbytes) { set_limit_bytes(s.device(device), nbytes); },
+           py::arg("device"), py::arg("nbytes"))
+      .def("get_limit", [](SimAllocator& s, int device) { return s.device(device).limit(); }, py::arg("device"))
+      .def("reserved", [](SimAllocator& s, int device) { return s.device(device).reserved(); }, py::arg("device"))
+      .def("stats", [](SimAllocator& s, int device) { return stats_dict(stats_of(s.core(), device)); }, py::arg("device"))
+      .def("empty_cache", [](SimAllocator& s, int device) { s.device(device).empty_cache(); }, py::arg("device"))
+      .def("complete_events", [](SimAllocator& s) { s.backend().complete_events(); })
+      .def("fail_next", [](SimAllocator& s, int count) { s.backend().fail_next(count); }, py::arg("n"))
+      .def("ledger", &SimAllocator::ledger, py::arg("device"))
+      .def("check_invariants", [](SimAllocator& s, int device) { s.device(device).check_invariants(); }, py::arg("device"))
+      .def("snapshot", [](SimAllocator& s, int device) { return snapshot_list(s.device(device)); }, py::arg("device"))
+      .def("largest_free_block", [](SimAllocator& s, int device) { return s.device(device).largest_free_block(); },
+           py::arg("device"));
+}
+
+}  // namespace
+}  // namespace gpumem
+
+PYBIND11_MODULE(_C, m) {
+  py::module_::import("torch");  // torch's libraries and its CUDA state first
+  m.doc() = "gpumem's compiled layer: the limit grammar, torch's CUDA allocator under a cap, a simulated device.";
+  gpumem::register_errors(m);
+  gpumem::bind_limits(m);
+  gpumem::bind_process_allocator(m);
+  gpumem::bind_sim_allocator(m);
+}

@@ -1,0 +1,239 @@
+#include "torch/allocator.h"
+
+#include <algorithm>
+
+#include "torch/error_bridge.h"
+
+namespace gpumem {
+
+namespace {
+
+// Live adapters, for the deleter's slow path: usually one, the installed adapter (tests make more).
+// Leaked on purpose: a DataPtr freed during static destruction must still find its list.
+std::mutex& adapters_mutex() {
+  static auto* mutex = new std::mutex;
+  return *mutex;
+}
+std::vector<TorchAllocator*>& adapters() {
+  static auto* list = new std::vector<TorchAllocator*>;
+  return *list;
+}
+
+bool in_private_pool(const Block* block) { return !block->segment->pool->id.is_default(); }
+
+}  // namespace
+
+TorchAllocator::TorchAllocator(Backend& backend, std::unique_ptr<CudaContext> context, AllocatorConfig defaults)
+    : context_(std::move(context)),
+      history_(backend.device_count()),
+      traced_(backend, history_),
+      core_(traced_, defaults),
+      pool_blocks_(backend.device_count()) {
+  std::lock_guard<std::mutex> lock(adapters_mutex());
+  adapters().push_back(this);
+}
+
+TorchAllocator::~TorchAllocator() {
+  history_.stop();  // the core's teardown releases segments; trackers must not hear of it
+  std::lock_guard<std::mutex> lock(adapters_mutex());
+  auto& list = adapters();
+  list.erase(std::remove(list.begin(), list.end(), this), list.end());
+}
+
+TorchAllocator& TorchAllocator::owner_of(const Block* block) {
+  const gpumem::DeviceAllocator* owner = block->segment->owner;
+  const int device = owner->device();
+  std::lock_guard<std::mutex> lock(adapters_mutex());
+  for (TorchAllocator* adapter : adapters()) {
+    if (device < adapter->core_.device_count() && adapter->core_.existing(device) == owner) return *adapter;
+  }
+  TORCH_CHECK(false, "gpumem: a block was freed after the allocator that made it was destroyed");
+}
+
+gpumem::DeviceAllocator& TorchAllocator::device(DeviceIndex device) {
+  return with_c10_errors([&]() -> gpumem::DeviceAllocator& { return core_.device(device); });
+}
+
+void TorchAllocator::record(History::Action action, int device, const void* ptr, size_t size, StreamId stream,
+                            PoolId pool) {
+  history_.record(action, device, reinterpret_cast<std::uintptr_t>(ptr), size, stream, pool);
+}
+
+// ---- allocate and free ----
+
+c10::DataPtr TorchAllocator::allocate(size_t size) {
+  const int device = context_->current_device();
+  const c10::Device where(c10::DeviceType::CUDA, static_cast<DeviceIndex>(device));
+  // An empty DataPtr still carries gpumem's deleter (never called on null), as native does.
+  if (size == 0) return {nullptr, nullptr, &delete_block, where};
+  Block* block = malloc_block(device, size, context_->current_stream(device));
+  return {block->ptr(), block, &delete_block, where};
+}
+
+Block* TorchAllocator::malloc_block(int device, size_t size, StreamId stream) {
+  if (C10_UNLIKELY(history_.active())) TracingBackend::set_request_stream(stream);
+  Block* block = nullptr;
+  try {
+    block = core_.malloc(device, size, stream);
+  } catch (const OutOfMemoryError& error) {
+    report_oom(error, stream);
+  } catch (...) {
+    rethrow_as_c10_error();
+  }
+  if (C10_UNLIKELY(history_.active() || in_private_pool(block))) after_malloc_slow(device, block, size);
+  return block;
+}
+
+void TorchAllocator::after_malloc_slow(int device, Block* block, size_t size) {
+  const PoolId pool = block->segment->pool->id;
+  if (!pool.is_default()) pool_blocks_.add(device, block);
+  if (history_.active()) record(History::Action::ALLOC, device, block->ptr(), size, block->stream, pool);
+}
+
+void TorchAllocator::delete_block(void* ctx) {
+  auto* block = static_cast<Block*>(ctx);
+  if (C10_UNLIKELY(History::any_active() || in_private_pool(block))) {
+    owner_of(block).free_block_slow(block);
+    return;
+  }
+  CachingAllocator::free(block);
+}
+
+void TorchAllocator::free_block_slow(Block* block) {
+  const int device = block->segment->owner->device();
+  const PoolId pool = block->segment->pool->id;
+  if (!pool.is_default()) pool_blocks_.remove(device, block);
+  if (history_.active()) {
+    record(History::Action::FREE_REQUESTED, device, block->ptr(), block->requested, block->stream, pool);
+    // A block still used by other streams completes later, inside the core, unseen by the history.
+    if (block->stream_uses.empty()) {
+      record(History::Action::FREE_COMPLETED, device, block->ptr(), block->requested, block->stream, pool);
+    }
+  }
+  CachingAllocator::free(block);
+}
+
+void TorchAllocator::report_oom(const OutOfMemoryError& error, StreamId stream) {
+  const OomInfo& info = error.info();
+  if (history_.active()) {
+    record(History::Action::OOM, info.device, reinterpret_cast<void*>(info.device_free), info.requested, stream, {});
+  }
+  std::vector<OutOfMemoryObserver> observers;
+  {
+    std::lock_guard<std::mutex> lock(observers_mutex_);
+    observers = oom_observers_;
+  }
+  for (const auto& observer : observers) observer(info.device, info.requested, info.device_total, info.device_free);
+  TORCH_CHECK_WITH(OutOfMemoryError, false, error.what());
+}
+
+c10::DeleterFnPtr TorchAllocator::raw_deleter() const { return &delete_block; }
+
+#if GPUMEM_TORCH_HAS_IS_SIMPLE_DATA_PTR
+bool TorchAllocator::is_simple_data_ptr(const DataPtr& ptr) const {
+  return owns(ptr) || ptr.get() == ptr.get_context();
+}
+#endif
+
+bool TorchAllocator::owns(const DataPtr& ptr) { return ptr.get_deleter() == &delete_block; }
+
+// ---- raw pointers ----
+
+void* TorchAllocator::raw_alloc(size_t nbytes) {
+  const int device = context_->current_device();
+  return raw_alloc_on(device, nbytes, context_->current_stream(device));
+}
+
+void* TorchAllocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) {
+  return raw_alloc_on(context_->current_device(), nbytes, reinterpret_cast<StreamId>(stream));
+}
+
+void* TorchAllocator::raw_alloc_on(int device, size_t nbytes, StreamId stream) {
+  if (nbytes == 0) return nullptr;
+  if (C10_UNLIKELY(history_.active())) TracingBackend::set_request_stream(stream);
+  void* ptr = nullptr;
+  try {
+    ptr = core_.raw_alloc(device, nbytes, stream);
+  } catch (const OutOfMemoryError& error) {
+    report_oom(error, stream);
+  } catch (...) {
+    rethrow_as_c10_error();
+  }
+  if (C10_UNLIKELY(history_.active())) {
+    const Block* block = core_.find_raw(ptr);
+    record(History::Action::ALLOC, device, ptr, nbytes, stream, block->segment->pool->id);
+  }
+  return ptr;
+}
+
+void TorchAllocator::raw_delete(void* ptr) {
+  if (!ptr) return;
+  if (const Block* block = core_.find_raw(ptr)) {
+    if (C10_UNLIKELY(history_.active())) {
+      const int device = block->segment->owner->device();
+      record(History::Action::FREE_REQUESTED, device, ptr, block->requested, block->stream, block->segment->pool->id);
+      if (block->stream_uses.empty()) {
+        record(History::Action::FREE_COMPLETED, device, ptr, block->requested, block->stream, block->segment->pool->id);
+      }
+    }
+    with_c10_errors([&] { core_.raw_free(ptr); });
+    return;
+  }
+  // A private-pool block whose DataPtr torch let go of: cudagraph trees free those by address.
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  for (int d = 0; d < pool_blocks_.device_count(); ++d) {
+    if (Block* block = pool_blocks_.find(d, addr)) {
+      free_block_slow(block);
+      return;
+    }
+  }
+  TORCH_CHECK(false, "gpumem: raw_delete of ", ptr,
+              ", which gpumem did not hand out through raw_alloc or to a CUDA graph's private pool");
+}
+
+// ---- streams ----
+
+void TorchAllocator::recordStream(const DataPtr& ptr, c10::cuda::CUDAStream stream) {
+  record_stream(ptr, reinterpret_cast<StreamId>(stream.stream()));
+}
+
+void TorchAllocator::record_stream(const DataPtr& ptr, StreamId stream) {
+  // Empty tensors have no block; DataPtrs of other allocators are not gpumem's to track.
+  if (!ptr.get_context() || !owns(ptr)) return;
+  auto* block = static_cast<Block*>(ptr.get_context());
+  with_c10_errors([&] { block->segment->owner->record_stream(block, stream); });
+}
+
+// ---- lifecycle and observers ----
+
+void TorchAllocator::init(int /*device_count*/) {
+  // torch's lazy CUDA init calls this once per swap; gpumem's devices come from its backend, and
+  // each device's allocator is made on first use, so there is nothing to size here.
+  initialized_.store(true);
+}
+
+bool TorchAllocator::initialized() { return initialized_.load(); }
+
+void TorchAllocator::enable(bool value) { enabled_.store(value); }
+
+bool TorchAllocator::isEnabled() const { return enabled_.load(); }
+
+std::string TorchAllocator::name() { return "gpumem"; }
+
+void TorchAllocator::attachOutOfMemoryObserver(OutOfMemoryObserver observer) {
+  std::lock_guard<std::mutex> lock(observers_mutex_);
+  oom_observers_.push_back(std::move(observer));
+}
+
+#if GPUMEM_TORCH_HAS_OOM_REJECTION_OBSERVER
+void TorchAllocator::attachOomRejectionObserver(c10::cuda::CUDACachingAllocator::OomRejectionObserver /*observer*/) {
+  // gpumem has no path that rejects a request before trying it, so the observer would never be
+  // called; accepting it keeps torch's setup code working.
+}
+#endif
+
+void TorchAllocator::attachAllocatorTraceTracker(AllocatorTraceTracker tracker) {
+  history_.attach_tracker(std::move(tracker));
+}
+
+}  // namespace gpumem

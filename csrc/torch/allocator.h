@@ -1,0 +1,179 @@
+// The torch adapter: PyTorch's CUDA allocator interface (CUDAAllocator) over gpumem's core.
+//
+// Layers: torch calls TorchAllocator; it calls CachingAllocator / DeviceAllocator (the cap, the
+// pools, the statistics) through a TracingBackend wrapped around the real backend, and the CUDA
+// runtime only for what the core has no notion of (peer copies, device-to-device copies).
+//
+// Notes:
+//  - The hot path. allocate() is: current device and stream (two virtual calls to CudaContext),
+//    the core's malloc, and a DataPtr whose context is the gpumem::Block*, so the deleter frees with
+//    no lookup. Two relaxed checks guard the rest: history active, and "the block is in a private
+//    pool" (then it is entered in PoolBlocks). No maps, no std::function, no allocation of ours.
+//  - The deleter is a plain function (torch stores a function pointer). It reaches its adapter
+//    only on the slow path, through a process-wide list of live adapters (see allocator.cpp).
+//  - Device and stream come through CudaContext so the tests run with no GPU and no driver.
+//  - Errors leave as c10 errors, which Python maps: the core's OutOfMemoryError becomes
+//    c10::OutOfMemoryError (torch.OutOfMemoryError) with gpumem's message, LimitSpecError and
+//    DeviceError become c10::ValueError, anything else c10::Error.
+//  - enable(false) is recorded and reported by isEnabled() but does not bypass the cache (native
+//    would cudaMalloc directly): gpumem's cap is the point of installing it, so it stays in force.
+//  - One file per concern: allocator.cpp (allocate, free, raw, streams, OOM, lifecycle),
+//    memory_queries.cpp (stats, fraction, free memory, cache), pools.cpp, checkpoint.cpp,
+//    snapshot.cpp (snapshot, history), cuda_ops.cpp (IPC, peer access, copies).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "core/caching_allocator.h"
+#include "torch/compat.h"
+#include "torch/cuda_context.h"
+#include "torch/history.h"
+#include "torch/pool_blocks.h"
+#include "torch/tracing_backend.h"
+
+namespace gpumem {
+
+class TorchAllocator final : public torch_compat::CUDAAllocator {
+ public:
+  using DataPtr = c10::DataPtr;
+  using DeviceIndex = c10::DeviceIndex;
+  using MempoolId = torch_compat::TorchPoolId;
+  using SnapshotInfo = c10::cuda::CUDACachingAllocator::SnapshotInfo;
+  using AllocatorState = c10::cuda::CUDACachingAllocator::AllocatorState;
+  using CheckpointDelta = c10::cuda::CUDACachingAllocator::CheckpointDelta;
+  using OutOfMemoryObserver = c10::cuda::CUDACachingAllocator::OutOfMemoryObserver;
+  using AllocatorTraceTracker = c10::cuda::CUDACachingAllocator::AllocatorTraceTracker;
+  using ShareableHandle = c10::cuda::CUDACachingAllocator::ShareableHandle;
+
+  TorchAllocator(Backend& backend, std::unique_ptr<CudaContext> context, AllocatorConfig defaults = {});
+  ~TorchAllocator() override;
+  TorchAllocator(const TorchAllocator&) = delete;
+  TorchAllocator& operator=(const TorchAllocator&) = delete;
+
+  CachingAllocator& core() { return core_; }
+
+  // ---- allocation (allocator.cpp) ----
+  DataPtr allocate(size_t size) override;
+  c10::DeleterFnPtr raw_deleter() const override;
+#if GPUMEM_TORCH_HAS_IS_SIMPLE_DATA_PTR
+  // gpumem's DataPtrs carry a Block*, not the address, as context; they are still plain.
+  bool is_simple_data_ptr(const DataPtr& ptr) const override;
+#endif
+  void* raw_alloc(size_t nbytes) override;
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override;
+  void raw_delete(void* ptr) override;
+  void recordStream(const DataPtr& ptr, c10::cuda::CUDAStream stream) override;
+  // The same with the stream as gpumem knows it. DataPtrs gpumem did not make are ignored.
+  void record_stream(const DataPtr& ptr, StreamId stream);
+  static bool owns(const DataPtr& ptr);
+
+  void init(int device_count) override;
+  bool initialized() override;
+  void enable(bool value) override;
+  bool isEnabled() const override;
+  std::string name() override;
+
+  void attachOutOfMemoryObserver(OutOfMemoryObserver observer) override;
+#if GPUMEM_TORCH_HAS_OOM_REJECTION_OBSERVER
+  void attachOomRejectionObserver(c10::cuda::CUDACachingAllocator::OomRejectionObserver observer) override;
+#endif
+  void attachAllocatorTraceTracker(AllocatorTraceTracker tracker) override;
+
+  // ---- what torch asks about memory (memory_queries.cpp) ----
+  torch_compat::TorchDeviceStats getDeviceStats(DeviceIndex device) override;
+  void resetAccumulatedStats(DeviceIndex device) override;
+  void resetPeakStats(DeviceIndex device) override;
+  // The limit as a share of the device's total memory, both ways; fraction in [0, 1].
+  double getMemoryFraction(DeviceIndex device) override;
+  void setMemoryFraction(double fraction, DeviceIndex device) override;
+#if GPUMEM_TORCH_HAS_EMPTY_CACHE_POOL
+  void emptyCache(MempoolId mempool_id) override;
+#else
+  void emptyCache() override;
+#endif
+  void cacheInfo(DeviceIndex device, size_t* largest_block) override;
+  void* getBaseAllocation(void* ptr, size_t* size) override;
+#if GPUMEM_TORCH_HAS_GET_MEMORY_INFO
+  std::pair<size_t, size_t> getMemoryInfo(DeviceIndex device) override;
+#endif
+#if GPUMEM_TORCH_HAS_EXPANDABLE_SEGMENT_SIZES
+  std::vector<c10::cuda::CUDACachingAllocator::StreamSegmentSize> getExpandableSegmentSizes(DeviceIndex device) override;
+#endif
+
+  // ---- private pools: CUDA graphs, MemPool (pools.cpp) ----
+  void beginAllocateToPool(DeviceIndex device, MempoolId mempool_id, std::function<bool(cudaStream_t)> filter) override;
+  void endAllocateToPool(DeviceIndex device, MempoolId mempool_id) override;
+  void releasePool(DeviceIndex device, MempoolId mempool_id) override;
+#if GPUMEM_TORCH_HAS_POOL_USE_COUNT
+  int getPoolUseCount(DeviceIndex device, MempoolId mempool_id) override;
+#endif
+#if GPUMEM_TORCH_HAS_CREATE_OR_INCREF_POOL
+  void createOrIncrefPool(DeviceIndex device, MempoolId mempool_id, GPUMEM_POOL_ALLOCATOR_TYPE allocator) override;
+#endif
+#if GPUMEM_TORCH_HAS_SET_USE_ON_OOM_FLAG
+  void setUseOnOOM(DeviceIndex device, MempoolId mempool_id, bool use_on_oom) override;
+#elif GPUMEM_TORCH_HAS_SET_USE_ON_OOM
+  void setUseOnOOM(DeviceIndex device, MempoolId mempool_id) override;
+#endif
+#if GPUMEM_TORCH_HAS_SET_NO_SPLIT
+  void setNoSplit(DeviceIndex device, MempoolId mempool_id) override;
+#endif
+  bool checkPoolLiveAllocations(DeviceIndex device, MempoolId mempool_id,
+                                const std::unordered_set<void*>& expected_live_allocations) override;
+
+  // ---- cudagraph-tree checkpoints (checkpoint.cpp) ----
+  std::shared_ptr<AllocatorState> getCheckpointState(DeviceIndex device, MempoolId id) override;
+  CheckpointDelta setCheckpointPoolState(DeviceIndex device, std::shared_ptr<AllocatorState> state) override;
+
+  // ---- snapshot and history (snapshot.cpp) ----
+#if GPUMEM_TORCH_HAS_INCLUDE_TRACES
+  SnapshotInfo snapshot(MempoolId mempool_id, bool include_traces) override;
+#elif GPUMEM_TORCH_HAS_SNAPSHOT_POOL
+  SnapshotInfo snapshot(MempoolId mempool_id) override;
+#else
+  SnapshotInfo snapshot() override;
+#endif
+  SnapshotInfo snapshot_of(MempoolId mempool_id, bool include_traces);
+  void recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn context_recorder,
+                     size_t alloc_trace_max_entries, c10::cuda::CUDACachingAllocator::RecordContext when
+                     GPUMEM_CLEAR_HISTORY_PARAM GPUMEM_SKIP_ACTIONS_PARAM) override;
+  bool isHistoryEnabled() override;
+
+  // ---- what gpumem leaves to CUDA or does not support (cuda_ops.cpp) ----
+  void copy_data(void* dest, const void* src, size_t count) const override;
+  ShareableHandle shareIpcHandle(void* ptr) override;
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override;
+  void enablePeerAccess(DeviceIndex dev, DeviceIndex dev_to_access) override;
+  cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device, size_t count,
+                          cudaStream_t stream, bool p2p_enabled) override;
+
+ private:
+  static void delete_block(void* ctx);
+  static TorchAllocator& owner_of(const Block* block);
+
+  Block* malloc_block(int device, size_t size, StreamId stream);
+  void* raw_alloc_on(int device, size_t nbytes, StreamId stream);
+  void after_malloc_slow(int device, Block* block, size_t size);
+  void free_block_slow(Block* block);
+  [[noreturn]] void report_oom(const OutOfMemoryError& error, StreamId stream);
+  gpumem::DeviceAllocator& device(DeviceIndex device);
+  void record(History::Action action, int device, const void* ptr, size_t size, StreamId stream, PoolId pool);
+
+  std::unique_ptr<CudaContext> context_;
+  History history_;
+  TracingBackend traced_;
+  CachingAllocator core_;
+  PoolBlocks pool_blocks_;
+  std::atomic<bool> initialized_{false};
+  std::atomic<bool> enabled_{true};
+  std::mutex observers_mutex_;
+  std::vector<OutOfMemoryObserver> oom_observers_;
+};
+
+}  // namespace gpumem

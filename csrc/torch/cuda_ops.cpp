@@ -1,0 +1,45 @@
+// What gpumem hands to the CUDA runtime unchanged, and what it does not support.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+
+#include "torch/allocator.h"
+
+namespace gpumem {
+
+namespace {
+
+constexpr const char* kNoIpc =
+    "gpumem does not support sharing CUDA tensors across processes (CUDA IPC): memory another process "
+    "maps could be neither counted under this process's limit nor released safely. Send CPU tensors "
+    "between processes (or use torch.distributed), or do not install gpumem in processes that share CUDA tensors";
+
+}  // namespace
+
+void TorchAllocator::copy_data(void* dest, const void* src, size_t count) const {
+  C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+}
+
+TorchAllocator::ShareableHandle TorchAllocator::shareIpcHandle(void* /*ptr*/) { TORCH_CHECK(false, kNoIpc); }
+
+std::shared_ptr<void> TorchAllocator::getIpcDevPtr(std::string /*handle*/) { TORCH_CHECK(false, kNoIpc); }
+
+void TorchAllocator::enablePeerAccess(DeviceIndex dev, DeviceIndex dev_to_access) {
+  c10::cuda::CUDAGuard guard(dev);
+  const cudaError_t status = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+  if (status == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();  // already on is success
+    return;
+  }
+  C10_CUDA_CHECK(status);
+}
+
+// Within a device, or with peer access on, a plain async copy; across devices without it, the peer
+// copy, which works for any device memory.
+cudaError_t TorchAllocator::memcpyAsync(void* dst, int dst_device, const void* src, int src_device, size_t count,
+                                        cudaStream_t stream, bool p2p_enabled) {
+  if (p2p_enabled || dst_device == src_device) return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+  return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
+}
+
+}  // namespace gpumem

@@ -1,0 +1,114 @@
+// What torch asks about a device's memory: statistics, the limit as a fraction, free memory, the
+// cache. A device whose allocator does not exist yet has allocated nothing: its statistics are
+// zero and asking for them creates nothing.
+#include <algorithm>
+
+#include "torch/allocator.h"
+#include "torch/error_bridge.h"
+#include "torch/stats_mapping.h"
+
+namespace gpumem {
+
+namespace {
+
+std::size_t total_memory(gpumem::DeviceAllocator& device) {
+  return with_c10_errors([&] { return device.device_mem_info().total; });
+}
+
+}  // namespace
+
+torch_compat::TorchDeviceStats TorchAllocator::getDeviceStats(DeviceIndex device) {
+  const gpumem::DeviceAllocator* d = with_c10_errors([&] { return core_.existing(device); });
+  return d ? to_torch_stats(d->stats()) : torch_compat::TorchDeviceStats{};
+}
+
+void TorchAllocator::resetAccumulatedStats(DeviceIndex device) {
+  if (gpumem::DeviceAllocator* d = with_c10_errors([&] { return core_.existing(device); })) d->reset_accumulated_stats();
+}
+
+void TorchAllocator::resetPeakStats(DeviceIndex device) {
+  if (gpumem::DeviceAllocator* d = with_c10_errors([&] { return core_.existing(device); })) d->reset_peak_stats();
+}
+
+double TorchAllocator::getMemoryFraction(DeviceIndex device) {
+  gpumem::DeviceAllocator& d = this->device(device);
+  const std::size_t total = total_memory(d);
+  return total == 0 ? 0.0 : static_cast<double>(d.limit()) / static_cast<double>(total);
+}
+
+// torch.cuda.set_per_process_memory_fraction: gpumem's limit becomes fraction * total. As with
+// any lower limit, cached segments above it are released; live tensors are never touched.
+void TorchAllocator::setMemoryFraction(double fraction, DeviceIndex device) {
+  TORCH_CHECK_VALUE(fraction >= 0.0 && fraction <= 1.0, "gpumem: bad memory fraction ", fraction, " for device ",
+                    static_cast<int>(device),
+                    ": expected a share of the device's total memory in [0, 1]; it sets gpumem's limit, which also "
+                    "takes a size such as gpumem.set_limit(\"4GB\")");
+  gpumem::DeviceAllocator& d = this->device(device);
+  const auto limit = static_cast<std::size_t>(fraction * static_cast<double>(total_memory(d)));
+  with_c10_errors([&] { d.set_limit(std::optional<std::size_t>(limit)); });
+}
+
+// Every device's cached free segments go back to CUDA. A non-default pool id (MemPool's
+// destructor passes its own) releases the same: gpumem frees a private pool's cache when the
+// pool's last holder releases it (releasePool), and keeps the cache of a pool still held, which
+// its CUDA graphs may replay into.
+#if GPUMEM_TORCH_HAS_EMPTY_CACHE_POOL
+void TorchAllocator::emptyCache(MempoolId /*mempool_id*/) {
+#else
+void TorchAllocator::emptyCache() {
+#endif
+  for (int d = 0; d < core_.device_count(); ++d) {
+    if (gpumem::DeviceAllocator* device = core_.existing(d)) with_c10_errors([&] { device->empty_cache(); });
+  }
+}
+
+// As native: with *largest_block == 0 the caller wants a first guess of what a new segment could
+// get, here the device's free memory capped by what the limit still allows; the answer is at least
+// the largest cached free block.
+void TorchAllocator::cacheInfo(DeviceIndex device, size_t* largest_block) {
+  gpumem::DeviceAllocator& d = this->device(device);
+  std::size_t largest = *largest_block;
+  if (largest == 0) {
+    const MemInfo mem = with_c10_errors([&] { return d.device_mem_info(); });
+    const std::size_t limit = d.limit(), reserved = d.reserved();
+    largest = std::min(mem.free, limit > reserved ? limit - reserved : 0);
+  }
+  *largest_block = std::max(largest, d.largest_free_block());
+}
+
+void* TorchAllocator::getBaseAllocation(void* ptr, size_t* size) {
+  for (int d = 0; d < core_.device_count(); ++d) {
+    const gpumem::DeviceAllocator* device = core_.existing(d);
+    if (!device) continue;
+    if (const auto segment = device->segment_of(ptr)) {
+      if (size) *size = segment->second;
+      return reinterpret_cast<void*>(segment->first);
+    }
+  }
+  TORCH_CHECK(false, "gpumem: getBaseAllocation of ", ptr, ", which is not in memory gpumem handed out");
+}
+
+#if GPUMEM_TORCH_HAS_GET_MEMORY_INFO
+// torch.accelerator's view of a device under the cap: total is the limit, and free is what can
+// still be allocated: the limit less the allocated bytes, and no more than the device's free
+// memory plus gpumem's cached free bytes (a request larger than that could not be served even
+// under the limit).
+std::pair<size_t, size_t> TorchAllocator::getMemoryInfo(DeviceIndex device) {
+  gpumem::DeviceAllocator& d = this->device(device);
+  const MemInfo mem = with_c10_errors([&] { return d.device_mem_info(); });
+  const std::size_t limit = d.limit(), reserved = d.reserved();
+  const auto allocated = static_cast<std::size_t>(d.stats().allocated_bytes[kAll].current);
+  const std::size_t cached = reserved > allocated ? reserved - allocated : 0;
+  const std::size_t under_limit = limit > allocated ? limit - allocated : 0;
+  return {std::min(under_limit, mem.free + cached), limit};
+}
+#endif
+
+#if GPUMEM_TORCH_HAS_EXPANDABLE_SEGMENT_SIZES
+std::vector<c10::cuda::CUDACachingAllocator::StreamSegmentSize> TorchAllocator::getExpandableSegmentSizes(
+    DeviceIndex /*device*/) {
+  return {};  // gpumem has no expandable segments
+}
+#endif
+
+}  // namespace gpumem

@@ -1,0 +1,61 @@
+// The blocks of private pools (CUDA graphs, MemPools) that allocate() handed out, by address.
+//
+// Default-pool blocks are never entered: their DataPtr carries the Block*, so freeing needs no
+// lookup, and the hot path stays free of maps. Private-pool blocks are entered because torch also
+// names them by address alone: raw_delete of a pointer whose DataPtr torch released (cudagraph
+// trees do this), and the checkpoint restore, which frees every allocated block of a pool.
+// One mutex per device; a block is entered after the core's malloc returns and removed before
+// the core's free, so the core's device lock is never held while this one is taken.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/block.h"
+
+namespace gpumem {
+
+class PoolBlocks {
+ public:
+  using Map = std::unordered_map<std::uintptr_t, Block*>;
+
+  explicit PoolBlocks(int devices) : devices_(devices) {}
+
+  void add(int device, Block* block) {
+    Device& d = devices_[device];
+    std::lock_guard<std::mutex> lock(d.mutex);
+    d.blocks.emplace(block->addr, block);
+  }
+  void remove(int device, const Block* block) {
+    Device& d = devices_[device];
+    std::lock_guard<std::mutex> lock(d.mutex);
+    d.blocks.erase(block->addr);
+  }
+  // The block at `addr`, or nullptr.
+  Block* find(int device, std::uintptr_t addr) {
+    Device& d = devices_[device];
+    std::lock_guard<std::mutex> lock(d.mutex);
+    auto it = d.blocks.find(addr);
+    return it == d.blocks.end() ? nullptr : it->second;
+  }
+  // Runs f(map) with the device's map locked: a multi-step change (the checkpoint restore) that
+  // must not interleave with frees of the same pool.
+  template <class F>
+  decltype(auto) locked(int device, F&& f) {
+    Device& d = devices_[device];
+    std::lock_guard<std::mutex> lock(d.mutex);
+    return f(d.blocks);
+  }
+  int device_count() const { return static_cast<int>(devices_.size()); }
+
+ private:
+  struct Device {
+    std::mutex mutex;
+    Map blocks;
+  };
+  std::vector<Device> devices_;
+};
+
+}  // namespace gpumem

@@ -1,0 +1,76 @@
+// torch.cuda.memory_snapshot / _dump_snapshot and _record_memory_history: the core's segments
+// in torch's SegmentInfo form, and the History's trace entries.
+#include "torch/allocator.h"
+
+namespace gpumem {
+
+namespace {
+
+torch_compat::TorchSegmentInfo to_torch_segment(int device, const SegmentInfo& segment) {
+  torch_compat::TorchSegmentInfo out;
+  out.device = static_cast<c10::DeviceIndex>(device);
+  out.address = segment.addr;
+  out.total_size = segment.size;
+  out.stream = reinterpret_cast<cudaStream_t>(segment.stream);
+  out.is_large = !segment.small;
+  out.is_expandable = false;
+  out.owner_private_pool_id = torch_compat::to_torch(segment.pool);
+  for (const BlockInfo& block : segment.blocks) {
+    torch_compat::TorchBlockInfo info;
+    info.size = block.size;
+    info.requested_size = block.requested;
+    // torch's states: allocated and active = active_allocated; active only = active_pending_free
+    // (freed, still used by a stream); neither = inactive.
+    info.allocated = block.state == BlockInfo::kAllocated;
+    info.active = block.state != BlockInfo::kFree;
+    if (info.allocated) {
+      out.allocated_size += block.size;
+      out.requested_size += block.requested;
+    }
+    if (info.active) out.active_size += block.size;
+    out.blocks.push_back(std::move(info));
+  }
+  return out;
+}
+
+}  // namespace
+
+// The default pool id means every pool; another id, that pool's segments only.
+TorchAllocator::SnapshotInfo TorchAllocator::snapshot_of(MempoolId mempool_id, bool include_traces) {
+  const PoolId only = torch_compat::to_gpumem(mempool_id);
+  SnapshotInfo info{};
+  for (int d = 0; d < core_.device_count(); ++d) {
+    const gpumem::DeviceAllocator* device = core_.existing(d);
+    if (!device) continue;
+    for (const SegmentInfo& segment : device->snapshot()) {
+      if (only.is_default() || segment.pool == only) info.segments.push_back(to_torch_segment(d, segment));
+    }
+  }
+  info.device_traces = include_traces ? history_.traces()
+                                      : std::vector<std::vector<torch_compat::TorchTraceEntry>>(core_.device_count());
+  info.config_metadata.last_allocator_settings = "gpumem";
+  return info;
+}
+
+#if GPUMEM_TORCH_HAS_INCLUDE_TRACES
+TorchAllocator::SnapshotInfo TorchAllocator::snapshot(MempoolId mempool_id, bool include_traces) {
+  return snapshot_of(mempool_id, include_traces);
+}
+#elif GPUMEM_TORCH_HAS_SNAPSHOT_POOL
+TorchAllocator::SnapshotInfo TorchAllocator::snapshot(MempoolId mempool_id) { return snapshot_of(mempool_id, true); }
+#else
+TorchAllocator::SnapshotInfo TorchAllocator::snapshot() { return snapshot_of({0, 0}, true); }
+#endif
+
+// Stack contexts are gathered for trace entries (when is ALLOC or ALL) but not kept per live
+// block: the snapshot's blocks carry no context_when_allocated.
+void TorchAllocator::recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn context_recorder,
+                                   size_t alloc_trace_max_entries, c10::cuda::CUDACachingAllocator::RecordContext when
+                                   GPUMEM_CLEAR_HISTORY_PARAM GPUMEM_SKIP_ACTIONS_PARAM) {
+  history_.configure(enabled, context_recorder, alloc_trace_max_entries, when, GPUMEM_CLEAR_HISTORY_ARG,
+                     GPUMEM_SKIP_ACTIONS_ARG);
+}
+
+bool TorchAllocator::isHistoryEnabled() { return history_.enabled(); }
+
+}  // namespace gpumem

@@ -1,0 +1,34 @@
+// A Backend that reports segment reserves and releases to the History (segment_alloc /
+// segment_free trace entries, which torch's memory viewer and trace trackers use), then forwards
+// to the real backend. The core does not know it is watched. Segments are reserved only on the
+// slow path, so the extra virtual call costs nothing that matters.
+#pragma once
+
+#include "core/backend.h"
+#include "torch/history.h"
+
+namespace gpumem {
+
+class TracingBackend final : public Backend {
+ public:
+  TracingBackend(Backend& inner, History& history) : inner_(inner), history_(history) {}
+
+  // The stream of the request the calling thread is serving, for the segment_alloc entry; set by
+  // the adapter only while history is active.
+  static void set_request_stream(StreamId stream);
+
+  int device_count() const override { return inner_.device_count(); }
+  void* reserve(int device, std::size_t bytes) override;
+  void release(int device, void* ptr, std::size_t bytes) override;
+  MemInfo mem_info(int device) override { return inner_.mem_info(device); }
+  EventId record_event(int device, StreamId stream) override { return inner_.record_event(device, stream); }
+  bool event_done(int device, EventId event) override { return inner_.event_done(device, event); }
+  void destroy_event(int device, EventId event) override { inner_.destroy_event(device, event); }
+  void synchronize(int device) override { inner_.synchronize(device); }
+
+ private:
+  Backend& inner_;
+  History& history_;
+};
+
+}  // namespace gpumem

@@ -1,0 +1,100 @@
+"""Builds gpumem._C: the core, the CUDA backend, the torch adapter and the pybind11 module.
+
+Needs PyTorch already installed and no nvcc (only the CUDA runtime's headers and library):
+    pip install --no-build-isolation .      (or -e . for a working copy)
+
+The torch adapter has to match the installed torch's CUDAAllocator interface, which changes
+between releases. torch_feature_macros() reads the installed headers and says which of the known
+changes are present; csrc/torch/compat.h turns the answers into code. CMake's torch tests call
+the same function, so both builds see one list.
+"""
+import glob
+import os
+import re
+
+# (macro, header under torch/include, pattern searched in that header with all white space removed)
+TORCH_FEATURES = [
+    ("DEVICE_ALLOCATOR_BASE", "c10/cuda/CUDACachingAllocator.h", r"classCUDAAllocator:publicDeviceAllocator"),
+    ("EMPTY_CACHE_POOL", "*", r"voidemptyCache\(MempoolId_t"),
+    ("SNAPSHOT_POOL", "c10/cuda/CUDACachingAllocator.h", r"SnapshotInfosnapshot\(MempoolId_t"),
+    ("INCLUDE_TRACES", "c10/cuda/CUDACachingAllocator.h", r"boolinclude_traces"),
+    ("CLEAR_HISTORY", "c10/cuda/CUDACachingAllocator.h", r"recordHistory\([^)]*boolclearHistory"),
+    ("SKIP_ACTIONS", "c10/cuda/CUDACachingAllocator.h", r"recordHistory\([^)]*skip_actions"),
+    ("EXPANDABLE_SEGMENT_SIZES", "c10/cuda/CUDACachingAllocator.h", r"virtualstd::vector<StreamSegmentSize>getExpandableSegmentSizes"),
+    ("CREATE_OR_INCREF_POOL", "c10/cuda/CUDACachingAllocator.h", r"virtualvoidcreateOrIncrefPool"),
+    ("POOL_ALLOCATOR_SHARED_PTR", "c10/cuda/CUDACachingAllocator.h", r"virtualvoidcreateOrIncrefPool\([^)]*std::shared_ptr<CUDAAllocator>"),
+    ("POOL_USE_COUNT", "c10/cuda/CUDACachingAllocator.h", r"virtualintgetPoolUseCount"),
+    ("SET_USE_ON_OOM", "c10/cuda/CUDACachingAllocator.h", r"virtualvoidsetUseOnOOM"),
+    ("SET_USE_ON_OOM_FLAG", "c10/cuda/CUDACachingAllocator.h", r"virtualvoidsetUseOnOOM\([^)]*booluse_on_oom"),
+    ("SET_NO_SPLIT", "c10/cuda/CUDACachingAllocator.h", r"virtualvoidsetNoSplit"),
+    ("OOM_REJECTION_OBSERVER", "c10/cuda/CUDACachingAllocator.h", r"attachOomRejectionObserver"),
+    ("GET_MEMORY_INFO", "*", r"std::pair<size_t,size_t>getMemoryInfo\("),
+    ("IS_SIMPLE_DATA_PTR", "c10/core/Allocator.h", r"virtualboolis_simple_data_ptr"),
+]
+ALLOCATOR_HEADERS = ["c10/cuda/CUDACachingAllocator.h", "c10/core/CachingDeviceAllocator.h"]
+
+
+def torch_include_dir():
+    import torch
+    return os.path.join(os.path.dirname(torch.__file__), "include")
+
+
+def torch_feature_macros(include_dir=None):
+    """-D flags (without the -D) saying which interface changes the installed torch has."""
+    include_dir = include_dir or torch_include_dir()
+
+    def text(header):
+        path = os.path.join(include_dir, header)
+        return re.sub(r"\s+", "", open(path).read()) if os.path.exists(path) else ""
+
+    macros = []
+    for name, header, pattern in TORCH_FEATURES:
+        haystack = "".join(text(h) for h in (ALLOCATOR_HEADERS if header == "*" else [header]))
+        macros.append(f"GPUMEM_TORCH_HAS_{name}={int(re.search(pattern, haystack) is not None)}")
+    return macros
+
+
+def cudart_library():
+    """(directory, -l name) of the CUDA runtime torch loads, so gpumem shares it."""
+    import torch
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    for found in sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib", "libcudart.so.*"))):
+        return os.path.dirname(found), ":" + os.path.basename(found)
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    return os.path.join(cuda_home, "lib64"), "cudart"
+
+
+def extension():
+    from torch.utils.cpp_extension import CppExtension, library_paths
+
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    cudart_dir, cudart = cudart_library()
+    sources = sorted(
+        glob.glob("csrc/core/*.cpp") + glob.glob("csrc/backends/*.cpp")
+        + glob.glob("csrc/torch/*.cpp") + ["csrc/python/module.cpp"]
+    )
+    rpaths = library_paths() + [cudart_dir]
+    return CppExtension(
+        name="gpumem._C",
+        sources=sources,
+        include_dirs=[os.path.abspath("csrc"), os.path.join(cuda_home, "include")],
+        library_dirs=[cudart_dir],
+        libraries=["c10_cuda", "torch_cuda", cudart],
+        define_macros=[tuple(m.split("=")) for m in torch_feature_macros()],
+        extra_compile_args=["-O2"],
+        extra_link_args=[f"-Wl,-rpath,{path}" for path in rpaths],
+    )
+
+
+if __name__ == "__main__":
+    from setuptools import setup
+    from torch.utils.cpp_extension import BuildExtension
+
+    setup(
+        name="gpumem",
+        version="0.1.0",
+        package_dir={"": "python"},
+        packages=["gpumem"],
+        ext_modules=[extension()],
+        cmdclass={"build_ext": BuildExtension},
+    )

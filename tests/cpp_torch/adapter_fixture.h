@@ -1,0 +1,39 @@
+// The torch adapter over a simulated device: no GPU, no CUDA driver. The current device and
+// stream come from a FakeCudaContext the test sets.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "backends/sim_backend.h"
+#include "torch/allocator.h"
+
+namespace gpumem::testing {
+
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t GiB = std::size_t{1} << 30;
+
+struct FakeCudaContext final : CudaContext {
+  int device = 0;
+  StreamId stream = 0;
+  int current_device() override { return device; }
+  StreamId current_stream(int) override { return stream; }
+};
+
+// A fresh adapter per test: `capacity` bytes on each of `devices` simulated devices.
+struct SimAdapter {
+  explicit SimAdapter(std::size_t capacity = 1 * GiB, int devices = 2) : backend(capacity, devices) {}
+
+  SimBackend backend;
+  std::unique_ptr<FakeCudaContext> owned_context = std::make_unique<FakeCudaContext>();
+  FakeCudaContext& context = *owned_context;
+  TorchAllocator adapter{backend, std::move(owned_context)};
+
+  DeviceAllocator& core_device(int device = 0) { return adapter.core().device(device); }
+  std::size_t reserved(int device = 0) { return core_device(device).reserved(); }
+};
+
+inline std::uintptr_t address_of(const c10::DataPtr& ptr) { return reinterpret_cast<std::uintptr_t>(ptr.get()); }
+
+}  // namespace gpumem::testing

@@ -1,0 +1,116 @@
+// What torch asks about memory: the fraction <-> limit mapping, emptyCache, cacheInfo,
+// getMemoryInfo and getBaseAllocation.
+#include <catch2/catch.hpp>
+
+#include "adapter_fixture.h"
+
+using namespace gpumem;
+using namespace gpumem::testing;
+
+TEST_CASE("setMemoryFraction sets the limit to that share of the device's total", "[torch][fraction]") {
+  SimAdapter sim(1 * GiB);
+  sim.adapter.setMemoryFraction(0.25, 0);
+  REQUIRE(sim.core_device().limit() == 256 * MiB);
+}
+
+TEST_CASE("getMemoryFraction is the limit as a share of the device's total", "[torch][fraction]") {
+  SimAdapter sim(1 * GiB);
+  REQUIRE(sim.adapter.getMemoryFraction(0) == 1.0);
+  sim.core_device().set_limit(std::string_view("512MB"));
+  REQUIRE(sim.adapter.getMemoryFraction(0) == 0.5);
+}
+
+TEST_CASE("a memory fraction outside 0 to 1 is a c10::ValueError and changes nothing", "[torch][fraction]") {
+  SimAdapter sim(1 * GiB);
+  sim.core_device().set_limit(std::string_view("512MB"));
+  REQUIRE_THROWS_AS(sim.adapter.setMemoryFraction(1.5, 0), c10::ValueError);
+  REQUIRE_THROWS_WITH(sim.adapter.setMemoryFraction(-0.1, 0), Catch::Contains("gpumem: bad memory fraction"));
+  REQUIRE(sim.core_device().limit() == 512 * MiB);
+}
+
+TEST_CASE("the limit a fraction sets is enforced", "[torch][fraction]") {
+  SimAdapter sim(1 * GiB);
+  sim.adapter.setMemoryFraction(0.1, 0);
+  REQUIRE_THROWS_AS(sim.adapter.allocate(200 * MiB), c10::OutOfMemoryError);
+}
+
+TEST_CASE("lowering the fraction releases cached memory above the new limit", "[torch][fraction]") {
+  SimAdapter sim(1 * GiB);
+  { c10::DataPtr freed = sim.adapter.allocate(300 * MiB); }
+  sim.adapter.setMemoryFraction(0.125, 0);
+  REQUIRE(sim.reserved() <= 128 * MiB);
+}
+
+TEST_CASE("emptyCache returns every cached segment of every device", "[torch][cache]") {
+  SimAdapter sim;
+  { c10::DataPtr a = sim.adapter.allocate(8 * MiB); }
+  sim.context.device = 1;
+  { c10::DataPtr b = sim.adapter.allocate(1000); }
+  sim.adapter.emptyCache({0, 0});
+  REQUIRE(sim.reserved(0) == 0);
+  REQUIRE(sim.reserved(1) == 0);
+  REQUIRE(sim.backend.ledger(0).in_use == 0);
+  REQUIRE(sim.backend.ledger(1).in_use == 0);
+}
+
+TEST_CASE("emptyCache keeps memory that is in use", "[torch][cache]") {
+  SimAdapter sim;
+  c10::DataPtr live = sim.adapter.allocate(8 * MiB);
+  sim.adapter.emptyCache({0, 0});
+  REQUIRE(sim.reserved() == 20 * MiB);
+}
+
+TEST_CASE("cacheInfo reports the largest cached free block", "[torch][cache]") {
+  SimAdapter sim;
+  { c10::DataPtr a = sim.adapter.allocate(40 * MiB); }
+  std::size_t largest = 1;
+  sim.adapter.cacheInfo(0, &largest);
+  REQUIRE(largest == 40 * MiB);
+}
+
+TEST_CASE("cacheInfo's first guess is what the limit still allows", "[torch][cache]") {
+  SimAdapter sim(1 * GiB);
+  sim.core_device().set_limit(std::string_view("100MB"));
+  c10::DataPtr live = sim.adapter.allocate(30 * MiB);
+  std::size_t largest = 0;
+  sim.adapter.cacheInfo(0, &largest);
+  REQUIRE(largest == 70 * MiB);
+}
+
+TEST_CASE("getMemoryInfo reports the limit as total and what can still be allocated as free", "[torch][cache]") {
+  SimAdapter sim(1 * GiB);
+  sim.core_device().set_limit(std::string_view("256MB"));
+  c10::DataPtr live = sim.adapter.allocate(100 * MiB);
+  { c10::DataPtr cached = sim.adapter.allocate(50 * MiB); }
+  const auto [free, total] = sim.adapter.getMemoryInfo(0);
+  REQUIRE(total == 256 * MiB);
+  REQUIRE(free == 156 * MiB);
+}
+
+TEST_CASE("getMemoryInfo's free is bounded by what the device itself has", "[torch][cache]") {
+  SimAdapter sim(1 * GiB);
+  CachingAllocator another_process(sim.backend);  // holds device memory outside this allocator
+  void* theirs = another_process.raw_alloc(0, 600 * MiB, 0);
+  c10::DataPtr live = sim.adapter.allocate(100 * MiB);
+  const auto [free, total] = sim.adapter.getMemoryInfo(0);
+  REQUIRE(total == 1 * GiB);
+  REQUIRE(free == 1 * GiB - 700 * MiB);
+  another_process.raw_free(theirs);
+}
+
+TEST_CASE("getBaseAllocation gives the segment holding a pointer and its size", "[torch][cache]") {
+  SimAdapter sim;
+  c10::DataPtr first = sim.adapter.allocate(1000);
+  c10::DataPtr second = sim.adapter.allocate(1000);
+  std::size_t size = 0;
+  void* base = sim.adapter.getBaseAllocation(second.get(), &size);
+  REQUIRE(base == first.get());
+  REQUIRE(size == 2 * MiB);
+}
+
+TEST_CASE("getBaseAllocation of memory gpumem did not hand out is a c10 error", "[torch][cache]") {
+  SimAdapter sim;
+  int other = 0;
+  std::size_t size = 0;
+  REQUIRE_THROWS_WITH(sim.adapter.getBaseAllocation(&other, &size), Catch::Contains("not in memory gpumem handed out"));
+}
