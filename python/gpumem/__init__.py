@@ -25,14 +25,19 @@ from gpumem._api import (
     set_release_threshold,
     stats,
 )
+from gpumem import timeline
+from gpumem.reporting import Report, collect as report
 
 __all__ = [
+    "Report",
     "empty_cache",
     "enable",
     "get_limit",
     "is_enabled",
+    "report",
     "reset_peak_stats",
     "set_limit",
     "set_release_threshold",
     "stats",
+    "timeline",
 ]

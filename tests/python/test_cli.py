@@ -1,0 +1,205 @@
+"""The `gpumem` command, run as `python -m gpumem` in a process of its own."""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from gpumem import _C, cli, replay
+
+DATA = pathlib.Path(__file__).parent / "data"
+MiB = 1 << 20
+
+
+def gpumem(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    environment = {name: value for name, value in os.environ.items() if name != "GPUMEM_LIMIT"}
+    return subprocess.run([sys.executable, "-m", "gpumem", *args], env={**environment, **(env or {})},
+                          capture_output=True, text=True, timeout=300)
+
+
+def data(name: str) -> str:
+    return str(DATA / f"{name}.pickle")
+
+
+def assert_usage_error(completed: subprocess.CompletedProcess, *needles: str) -> None:
+    assert completed.returncode == 2, completed.stdout + completed.stderr
+    assert "Traceback" not in completed.stderr
+    assert "error:" in completed.stderr
+    for needle in needles:
+        assert needle in completed.stderr
+
+
+def value_of(stdout: str, label: str) -> str:
+    return re.search(rf"^{re.escape(label)}\s+(.*)$", stdout, re.MULTILINE).group(1)
+
+
+# ---- the command --------------------------------------------------------------------------------
+
+
+def test_help_lists_every_verb_and_the_exit_statuses():
+    completed = gpumem("--help")
+    assert completed.returncode == 0
+    assert all(verb in completed.stdout for verb in ("info", "run", "replay"))
+    assert "Exit status" in completed.stdout
+
+
+@pytest.mark.parametrize("verb", ["info", "run", "replay"])
+def test_every_verb_has_help(verb):
+    completed = gpumem(verb, "--help")
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.startswith(f"usage: gpumem {verb}")
+
+
+def test_no_verb_is_a_usage_error():
+    completed = gpumem()
+    assert completed.returncode == 2 and "usage: gpumem" in completed.stderr
+
+
+def test_an_unknown_verb_is_a_usage_error():
+    assert_usage_error(gpumem("shrink"), "invalid choice: 'shrink'")
+
+
+# ---- info ---------------------------------------------------------------------------------------
+
+
+def test_info_lists_the_devices_or_says_there_is_none():
+    completed = gpumem("info")
+    assert completed.returncode == 0, completed.stderr
+    if _C.device_count() == 0:
+        assert "no CUDA device was found" in completed.stdout
+    else:
+        assert "device 0:" in completed.stdout and "gpumem memory report" in completed.stdout
+
+
+def test_info_shows_gpumem_limit():
+    completed = gpumem("info", env={"GPUMEM_LIMIT": "4GB"})
+    assert completed.returncode == 0, completed.stderr
+    assert "GPUMEM_LIMIT: '4GB'" in completed.stdout
+
+
+# ---- run ----------------------------------------------------------------------------------------
+
+
+def test_run_sets_gpumem_limit_and_passes_the_exit_status_through():
+    program = "import os, sys; print(os.environ['GPUMEM_LIMIT']); sys.exit(3)"
+    completed = gpumem("run", "--limit", "0:4GB,1:8GB", "--", sys.executable, "-c", program)
+    assert completed.returncode == 3, completed.stderr
+    assert completed.stdout.strip() == "0:4GB,1:8GB"
+
+
+def test_run_rejects_a_bad_limit_before_launching(tmp_path):
+    marker = tmp_path / "ran"
+    completed = gpumem("run", "--limit", "4XB", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')")
+    assert_usage_error(completed, '"4XB"', "Accepted forms")
+    assert not marker.exists()
+
+
+def test_run_without_a_program_is_a_usage_error():
+    assert_usage_error(gpumem("run", "--limit", "4GB"), "run needs a program")
+
+
+def test_run_without_a_limit_is_a_usage_error():
+    assert_usage_error(gpumem("run", "--", "true"), "--limit")
+
+
+def test_run_of_a_missing_program_exits_127():
+    completed = gpumem("run", "--limit", "4GB", "--", "no-such-program-gpumem")
+    assert completed.returncode == 127
+    assert "'no-such-program-gpumem' was not found" in completed.stderr
+
+
+# ---- replay -------------------------------------------------------------------------------------
+
+
+def test_replay_that_fits_says_so_and_exits_0():
+    completed = gpumem("replay", data("big_blocks"), "--limit", "3GB")
+    assert completed.returncode == 0, completed.stderr
+    assert value_of(completed.stdout, "result") == "fits"
+    expected = replay.replay(data("big_blocks"), "3GB")
+    assert value_of(completed.stdout, "peak allocated") == _C.format_bytes(expected.peak_allocated)
+    assert value_of(completed.stdout, "original reserved").startswith(_C.format_bytes(expected.original_peak_reserved))
+
+
+def test_replay_that_fails_names_the_request_and_exits_1():
+    completed = gpumem("replay", data("big_blocks"), "--limit", "500MB")
+    expected = replay.replay(data("big_blocks"), "500MB").failure
+    assert completed.returncode == 1, completed.stderr
+    result = value_of(completed.stdout, "result")
+    assert result.startswith(f"FAILED: event {expected.event_index} (time_us {expected.time_us})")
+    assert f"({expected.size} bytes): {expected.kind}" in result
+    assert "CUDA out of memory (gpumem: " in completed.stdout
+
+
+def test_replay_min_limit_prints_the_limit_in_bytes():
+    completed = gpumem("replay", data("train_like"), "--min-limit", "--precision", "256KiB")
+    expected = replay.min_limit(data("train_like"), precision=256 * 1024)
+    assert completed.returncode == 0, completed.stderr
+    assert value_of(completed.stdout, "min limit").endswith(f"({expected.limit} bytes): fits; 256.00 KiB less fails")
+    assert value_of(completed.stdout, "ratio") == f"{expected.ratio:.3f} x peak allocated"
+
+
+def test_replay_of_another_device_uses_its_trace():
+    completed = gpumem("replay", data("two_devices"), "--limit", "1GB", "--device", "1")
+    assert completed.returncode == 0, completed.stderr
+    assert ", device 1:" in value_of(completed.stdout, "snapshot")
+
+
+def test_replay_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "memory.png"
+    completed = gpumem("replay", data("train_like"), "--limit", "400MB", "--plot", str(path))
+    assert completed.returncode == 0, completed.stderr
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("name, needle", [
+    ("missing", "no such file"),
+    ("with_global", "refused: the pickle names the global collections.OrderedDict"),
+    ("empty_trace", "the trace is empty"),
+])
+def test_replay_of_an_unusable_snapshot_is_an_error_without_a_traceback(name, needle):
+    completed = gpumem("replay", data(name), "--limit", "1GB")
+    assert_usage_error(completed, f"gpumem: error: {data(name)}: {needle}")
+
+
+def test_replay_of_a_device_without_events_is_an_error():
+    assert_usage_error(gpumem("replay", data("two_devices"), "--limit", "1GB", "--device", "0"),
+                       "device 0 has no alloc or free events")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--limit", "4XB"], 'bad limit "4XB"'),
+    ([], "one of the arguments --limit --min-limit is required"),
+    (["--limit", "1GB", "--min-limit"], "not allowed with argument"),
+    (["--limit", "1GB", "--device", "first"], "'first' is not a device index"),
+    (["--min-limit", "--precision", "5%"], "'5%' is not a size in bytes"),
+    (["--limit", "1GB", "--colour"], "unrecognized arguments: --colour"),
+], ids=["bad-limit", "no-mode", "both-modes", "bad-device", "percent-precision", "unknown-flag"])
+def test_replay_bad_arguments_are_usage_errors(args, needle):
+    assert_usage_error(gpumem("replay", data("big_blocks"), *args), needle)
+
+
+def test_replay_with_a_limit_above_the_device_total_is_an_error():
+    assert_usage_error(gpumem("replay", data("train_like"), "--limit", "20GB"), "more than")
+
+
+def test_info_with_an_invalid_gpumem_limit_says_so_and_exits_1():
+    completed = gpumem("info", env={"GPUMEM_LIMIT": "4XB"})
+    assert completed.returncode == 1
+    assert 'GPUMEM_LIMIT is invalid: bad limit "4XB"' in completed.stdout
+    assert "Traceback" not in completed.stderr
+
+
+def test_info_on_devices_shows_each_with_the_limit_gpumem_limit_sets(fake_c, monkeypatch, capsys):
+    # In this process, over two fake 8 GiB devices: the path a machine with GPUs takes.
+    monkeypatch.setattr(fake_c, "largest_free_block", lambda d: 0, raising=False)
+    monkeypatch.setenv("GPUMEM_LIMIT", "0:4GB,1:50%")
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "device 0: " in out and "8.00 GiB total" in out and "GPUMEM_LIMIT sets 4.00 GiB" in out
+    assert "device 1: " in out and "GPUMEM_LIMIT sets 4.00 GiB" in out.split("device 1: ")[1]
+    assert "gpumem memory report" in out

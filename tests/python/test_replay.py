@@ -1,0 +1,363 @@
+"""Reading memory snapshots and replaying them under a limit (gpumem.snapshot_file, gpumem.replay).
+
+The synthetic snapshots in data/ come from tools/make_test_snapshots.py, whose model of an
+allocator also wrote the figures they should produce to data/expected.json. The real ones
+(gpt_adamw, resnet_sgd) come from tools/capture_snapshots.py on a GPU with PyTorch's own
+allocator, which wrote what PyTorch reported while recording to data/captured.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import pickle
+
+import pytest
+
+from gpumem import replay as rp
+from gpumem.snapshot_file import SnapshotError, from_dict, load
+
+DATA = pathlib.Path(__file__).parent / "data"
+EXPECTED = json.loads((DATA / "expected.json").read_text())
+CAPTURED = json.loads((DATA / "captured.json").read_text()) if (DATA / "captured.json").exists() else {}
+real_runs = pytest.mark.parametrize("name", sorted(CAPTURED))
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+def data(name: str) -> str:
+    return str(DATA / f"{name}.pickle")
+
+
+def event(action: str, addr: int, size: int, stream: int = 0, **extra) -> dict:
+    return {"action": action, "addr": addr, "size": size, "stream": stream, **extra}
+
+
+def trace(*events: dict, segments: tuple = (), **top) -> dict:
+    """A snapshot dict with one device's trace; events get time_us 100, 200, ... unless given."""
+    timed = [{"time_us": 100 * (i + 1), **e} for i, e in enumerate(events)]
+    return {"segments": list(segments), "device_traces": [timed], **top}
+
+
+def write_pickle(tmp_path, value, name="snapshot.pickle") -> str:
+    path = tmp_path / name
+    path.write_bytes(pickle.dumps(value))
+    return str(path)
+
+
+class MakesMarker:
+    """Unpickling this with a plain pickle.load would create the marker directory."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
+# ---- reading ------------------------------------------------------------------------------------
+
+
+def test_reader_accepts_a_synthetic_snapshot():
+    snapshot = load(data("train_like"))
+    assert snapshot.devices() == [0]
+    assert len(snapshot.events(0)) == len(pickle.loads((DATA / "train_like.pickle").read_bytes())["device_traces"][0])
+    assert snapshot.segments and all(s.device == 0 for s in snapshot.segments)
+    assert snapshot.device_totals == {0: 16 * GiB}
+
+
+def test_reader_reports_a_missing_file_by_name(tmp_path):
+    missing = tmp_path / "nowhere.pickle"
+    with pytest.raises(SnapshotError, match="no such file") as caught:
+        load(missing)
+    assert str(missing) in str(caught.value)
+
+
+@pytest.mark.parametrize("content", [b"segments,device_traces\n1,2\n", b"", pickle.dumps({"a": [1] * 100})[:-20]],
+                         ids=["text", "empty", "truncated"])
+def test_reader_rejects_a_file_that_is_not_a_pickle(tmp_path, content):
+    path = tmp_path / "bad.pickle"
+    path.write_bytes(content)
+    with pytest.raises(SnapshotError, match="not a pickle") as caught:
+        load(path)
+    assert str(path) in str(caught.value)
+
+
+def test_reader_refuses_a_pickle_carrying_a_global_without_running_it(tmp_path):
+    marker = tmp_path / "marker"
+    path = write_pickle(tmp_path, {"segments": [], "device_traces": [[]], "x": MakesMarker(str(marker))})
+    with pytest.raises(SnapshotError) as caught:
+        load(path)
+    message = str(caught.value)
+    assert path in message
+    assert "refused" in message and "mkdir" in message and "could run code" in message
+    assert not marker.exists()
+
+
+def test_reader_refuses_the_global_in_the_committed_test_file():
+    with pytest.raises(SnapshotError, match=r"refused: the pickle names the global collections\.OrderedDict"):
+        load(data("with_global"))
+
+
+@pytest.mark.parametrize("value, problem", [
+    ([1, 2, 3], "the top level is a list, not a dict"),
+    ({"segments": []}, "the top level has no 'device_traces'"),
+    ({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1}]]}, r"device_traces\[0\]\[0\] has no 'size'"),
+    ({"segments": [], "device_traces": [[event("grow", 1, 512)]]}, r"device_traces\[0\]\[0\]\['action'\] is 'grow'"),
+    ({"segments": [], "device_traces": [[event("alloc", 1, "512")]]},
+     r"device_traces\[0\]\[0\]\['size'\] is '512', not an integer"),
+    (trace(event("alloc", 1, 512),
+           segments=({"address": 1, "total_size": 2 * MiB, "blocks": [{"size": 512, "state": "odd"}]},)),
+     r"segments\[0\]\['blocks'\]\[0\]\['state'\] is 'odd'"),
+], ids=["list", "no-traces", "event-without-size", "unknown-action", "size-not-int", "bad-block-state"])
+def test_reader_rejects_a_pickle_that_is_not_a_snapshot(tmp_path, value, problem):
+    path = write_pickle(tmp_path, value)
+    with pytest.raises(SnapshotError, match=f"not a memory snapshot: {problem}") as caught:
+        load(path)
+    assert path in str(caught.value)
+
+
+def test_reader_rejects_an_empty_trace():
+    with pytest.raises(SnapshotError, match="the trace is empty: no device has an alloc or free event") as caught:
+        load(data("empty_trace"))
+    assert "_record_memory_history" in str(caught.value)
+
+
+def test_reader_uses_the_event_index_when_time_us_is_missing():
+    snapshot = from_dict({"segments": [], "device_traces": [[event("alloc", 1, 512), event("free_completed", 1, 512)]]})
+    assert [e.time_us for e in snapshot.events(0)] == [0, 1]
+    assert not snapshot.has_times
+
+
+def test_reader_computes_block_addresses_older_snapshots_leave_out():
+    segment = {"address": 4096, "total_size": 2 * MiB,
+               "blocks": [{"size": 1024, "state": "active_allocated"}, {"size": 2 * MiB - 1024, "state": "inactive"}]}
+    snapshot = from_dict(trace(event("alloc", 1, 512), segments=(segment,)))
+    assert [b.address for b in snapshot.segments[0].blocks] == [4096, 4096 + 1024]
+
+
+# ---- replaying ----------------------------------------------------------------------------------
+
+
+def test_replay_peak_allocated_equals_the_peak_computed_from_the_trace():
+    result = rp.replay(data("big_blocks"), "none")
+    assert result.peak_allocated == rp.peak_allocated_from_trace(data("big_blocks"))
+    assert result.peak_allocated == EXPECTED["big_blocks"]["peak_allocated"]
+
+
+def test_replay_peak_allocated_counts_blocks_alive_before_the_trace():
+    result = rp.replay(data("preexisting"), "none")
+    assert result.initial_blocks == EXPECTED["preexisting"]["initial_blocks"] == 6
+    assert result.peak_allocated == rp.peak_allocated_from_trace(data("preexisting"))
+    assert result.peak_allocated == EXPECTED["preexisting"]["peak_allocated"]
+
+
+def test_replay_peak_allocated_is_never_below_the_trace_peak_with_odd_sizes():
+    # Large-pool blocks may keep a remainder of up to 1 MiB unsplit; see Note [peak allocated].
+    result = rp.replay(data("train_like"), "none")
+    trace_peak = rp.peak_allocated_from_trace(data("train_like"))
+    assert trace_peak == EXPECTED["train_like"]["peak_allocated"]
+    assert trace_peak <= result.peak_allocated
+
+
+def test_blocks_alive_before_the_trace_are_allocated_first_in_address_order():
+    # The lowest-addressed block alive before the trace is 24 MiB: under a 20 MiB limit it fails
+    # before any event is replayed.
+    result = rp.replay(data("preexisting"), "20MB")
+    assert not result.fits
+    assert result.failure.event_index is None and result.failure.time_us is None
+    assert result.failure.size == 24 * MiB
+    assert result.allocs_replayed == 0
+
+
+def test_replay_below_the_peak_reports_the_failing_request_and_its_size():
+    snapshot = from_dict(trace(event("alloc", 0x1000, 100 * MiB), event("alloc", 0x9000_0000, 100 * MiB),
+                               event("alloc", 0xA000_0000, 100 * MiB + 3)))
+    result = rp.replay(snapshot, "250MB")
+    assert not result.fits
+    assert (result.failure.event_index, result.failure.time_us) == (2, 300)
+    assert result.failure.size == 100 * MiB + 3
+    assert result.failure.kind == "over the limit"
+    assert result.allocs_replayed == 2
+
+
+def test_replay_failure_under_the_peak_is_a_request_the_trace_made():
+    snapshot = load(data("big_blocks"))
+    result = rp.replay(snapshot, EXPECTED["big_blocks"]["peak_allocated"] - MiB)
+    failed = snapshot.events(0)[result.failure.event_index]
+    assert not result.fits
+    assert failed.action == "alloc" and failed.size == result.failure.size
+
+
+def test_replay_frees_at_free_completed_not_at_free_requested():
+    snapshot = from_dict(trace(event("alloc", 1 << 20, 100 * MiB, stream=7),
+                               event("free_requested", 1 << 20, 100 * MiB, stream=7),
+                               event("alloc", 1 << 30, 100 * MiB),
+                               event("free_completed", 1 << 20, 100 * MiB, stream=7)))
+    assert rp.peak_allocated_from_trace(snapshot) == 200 * MiB
+    assert rp.replay(snapshot, "150MB").failure.event_index == 2
+
+
+def test_replay_frees_at_free_requested_when_the_trace_has_no_free_completed():
+    snapshot = from_dict(trace(event("alloc", 1 << 20, 100 * MiB), event("free_requested", 1 << 20, 100 * MiB),
+                               event("alloc", 1 << 30, 100 * MiB)))
+    assert rp.peak_allocated_from_trace(snapshot) == 100 * MiB
+    assert rp.replay(snapshot, "150MB").fits
+
+
+def test_replay_keeps_a_block_pending_at_dump_time_allocated():
+    pending = {"address": 1 << 20, "total_size": 100 * MiB, "stream": 0,
+               "blocks": [{"address": 1 << 20, "size": 100 * MiB, "state": "active_pending_free"}]}
+    snapshot = from_dict(trace(event("alloc", 1 << 20, 100 * MiB), event("free_requested", 1 << 20, 100 * MiB),
+                               event("alloc", 1 << 30, 100 * MiB), segments=(pending,)))
+    assert rp.peak_allocated_from_trace(snapshot) == 200 * MiB
+
+
+@pytest.mark.parametrize("name", ["train_like", "big_blocks", "preexisting", "two_devices"])
+def test_replay_original_peak_reserved_follows_the_segment_events(name):
+    result = rp.replay(data(name), "none")
+    assert result.original_reserved_source == "trace"
+    assert result.original_peak_reserved == EXPECTED[name]["peak_reserved"]
+
+
+def test_replay_original_reserved_is_the_segments_at_dump_without_segment_events():
+    segments = ({"address": a, "total_size": 20 * MiB, "blocks": [{"size": 20 * MiB, "state": "inactive"}]}
+                for a in (1 << 30, 2 << 30))
+    snapshot = from_dict(trace(event("alloc", 1 << 20, MiB), segments=tuple(segments)))
+    result = rp.replay(snapshot, "none")
+    assert (result.original_peak_reserved, result.original_reserved_source) == (40 * MiB, "dump")
+
+
+def test_replay_counts_the_events_it_replayed():
+    snapshot = load(data("train_like"))
+    result = rp.replay(snapshot, "none")
+    actions = [e.action for e in snapshot.events(0)]
+    assert result.events_total == len(actions)
+    assert result.allocs_replayed == actions.count("alloc")
+    assert result.frees_replayed == actions.count("free_completed")
+    assert result.original_ooms == actions.count("oom") == 1
+
+
+def test_replay_picks_the_first_device_with_events():
+    assert rp.replay(data("two_devices"), "none").device == 1
+
+
+def test_replay_of_a_device_without_events_names_the_devices_that_have_some():
+    with pytest.raises(SnapshotError, match=r"device 0 has no alloc or free events \(devices with events: 1\)"):
+        rp.replay(data("two_devices"), "none", device=0)
+
+
+def test_replay_takes_an_int_limit_as_bytes():
+    assert rp.replay(data("big_blocks"), 3 * GiB).limit == 3 * GiB
+
+
+def test_replay_takes_percentages_of_the_device_total_the_snapshot_records():
+    result = rp.replay(data("train_like"), "50%")
+    assert (result.capacity, result.capacity_source, result.limit) == (16 * GiB, "snapshot", 8 * GiB)
+
+
+def test_replay_sizes_the_device_from_the_trace_without_a_total():
+    result = rp.replay(data("preexisting"), "none")
+    need = max(EXPECTED["preexisting"]["peak_allocated"], EXPECTED["preexisting"]["peak_reserved"])
+    assert result.capacity_source == "trace"
+    assert result.capacity >= 2 * need and result.limit == result.capacity
+
+
+def test_replay_device_grows_to_hold_a_limit_above_twice_the_need():
+    result = rp.replay(data("preexisting"), "10GB")
+    assert result.capacity == result.limit == 10 * GiB
+
+
+def test_replay_rejects_a_bad_limit_spec():
+    with pytest.raises(ValueError, match='bad limit "4XB"'):
+        rp.replay(data("big_blocks"), "4XB")
+
+
+def test_replay_timeline_is_bounded():
+    events = [event(action, 1 << 20, MiB) for _ in range(6000) for action in ("alloc", "free_completed")]
+    result = rp.replay(from_dict(trace(*events)), "none")
+    assert result.allocs_replayed == 6000
+    assert 1000 < len(result.timeline) <= rp.MAX_TIMELINE_POINTS + 2
+
+
+def test_replay_timeline_starts_with_the_blocks_alive_before_the_trace():
+    result = rp.replay(data("preexisting"), "none")
+    first_time, allocated, _ = result.timeline[0]
+    first_event = next(e for e in load(data("preexisting")).events(0) if e.action in ("alloc", "free_requested"))
+    assert first_time == first_event.time_us
+    assert allocated == sum(rp.block_size(s) for s in (24 * MiB, 300 * KiB, 6 * MiB, 16 * MiB, 100 * KiB, 14 * MiB))
+
+
+# ---- real runs ----------------------------------------------------------------------------------
+
+
+@real_runs
+def test_reader_accepts_a_snapshot_pytorch_wrote(name):
+    snapshot = load(data(name))
+    assert snapshot.devices() == [0] and snapshot.has_times
+    assert {e.action for e in snapshot.events(0)} >= {"alloc", "free_requested", "free_completed", "segment_alloc"}
+
+
+@real_runs
+def test_replay_of_a_real_run_reproduces_pytorchs_peak_allocated(name):
+    assert rp.replay(data(name), "none").peak_allocated == CAPTURED[name]["torch_max_memory_allocated"]
+
+
+@real_runs
+def test_original_peak_reserved_of_a_real_run_is_what_pytorch_reported(name):
+    result = rp.replay(data(name), "none")
+    assert result.original_reserved_source == "trace"
+    assert result.original_peak_reserved == CAPTURED[name]["torch_max_memory_reserved"]
+
+
+@real_runs
+def test_a_real_run_started_recording_with_blocks_alive(name):
+    # The parameters (alive at dump) and the warm-up batch (freed in the trace) predate the trace.
+    snapshot = load(data(name))
+    result = rp.replay(snapshot, "none")
+    first_action: dict[int, str] = {}
+    for e in snapshot.events(0):
+        if e.action in ("alloc", "free_requested"):
+            first_action.setdefault(e.addr, e.action)
+    freed_first = [addr for addr, action in first_action.items() if action == "free_requested"]
+    assert freed_first and result.initial_blocks > len(freed_first)
+
+
+# ---- the smallest limit -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def train_min_limit():
+    return rp.min_limit(data("train_like"), precision=64 * KiB)
+
+
+def test_min_limit_is_at_least_the_peak_allocated(train_min_limit):
+    assert train_min_limit.peak_allocated == EXPECTED["train_like"]["peak_allocated"]
+    assert train_min_limit.limit >= train_min_limit.peak_allocated
+
+
+def test_replay_fits_at_the_min_limit_and_fails_one_precision_below(train_min_limit):
+    assert rp.replay(data("train_like"), train_min_limit.limit).fits
+    assert not rp.replay(data("train_like"), train_min_limit.limit - train_min_limit.precision).fits
+
+
+def test_min_limit_ratio_is_the_limit_over_the_peak_allocated(train_min_limit):
+    assert train_min_limit.ratio == pytest.approx(train_min_limit.limit / train_min_limit.peak_allocated)
+
+
+def test_min_limit_rounds_the_precision_up_to_512_bytes():
+    assert rp.min_limit(data("big_blocks"), precision=1000).precision == 1024
+
+
+def test_min_limit_is_the_peak_when_nothing_fragments():
+    snapshot = from_dict(trace(*[event("alloc", (i + 1) << 30, 20 * MiB) for i in range(3)]))
+    assert rp.min_limit(snapshot).limit == 60 * MiB
+
+
+def test_min_limit_is_none_when_the_trace_does_not_fit_in_the_device():
+    found = rp.min_limit(data("big_blocks"), total=512 * MiB)
+    assert found.limit is None and found.ratio is None
+
+
+def test_min_limit_rejects_a_precision_that_is_not_positive():
+    with pytest.raises(ValueError, match="precision 0"):
+        rp.min_limit(data("big_blocks"), precision=0)
