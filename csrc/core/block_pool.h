@@ -14,10 +14,17 @@ namespace gpumem {
 // heap for each would cost more than the rest of the path.
 class BlockArena {
  public:
-  Block* make();
+  Block* make() {
+    if (spare_.empty()) grow();
+    Block* block = spare_.back();
+    spare_.pop_back();
+    return block;
+  }
   void recycle(Block* block);
 
  private:
+  void grow();
+
   std::vector<std::unique_ptr<Block[]>> chunks_;
   std::vector<Block*> spare_;
 };

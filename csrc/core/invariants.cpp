@@ -79,6 +79,8 @@ void DeviceAllocator::check_invariants_locked() const {
     check_segment(device_, *segment, r);
   }
   const auto check_pool = [&](const Pool& pool) {
+    pool.small_blocks.check();
+    pool.large_blocks.check();
     const std::size_t in_sets = pool.small_blocks.size() + pool.large_blocks.size();
     if (in_sets != r.free_blocks[&pool]) broken(device_, "a free set holds blocks that are not free blocks of its segments", 0);
   };

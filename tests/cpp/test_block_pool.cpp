@@ -1,6 +1,10 @@
 // Best fit, split and merge (block_pool.h), seen through the allocator: which block a request
 // gets, what is left of the block it was cut from, and how freed blocks join their neighbours.
 #include <algorithm>
+#include <deque>
+#include <random>
+#include <set>
+#include <tuple>
 
 #include "helpers.h"
 
@@ -279,19 +283,160 @@ TEST_CASE("take_best_fit breaks a tie of sizes by the lower address", "[split]")
   REQUIRE(set.take_best_fit(0, 4096) == &low);
 }
 
-TEST_CASE("a free set reuses its tree nodes and erases by the block's own position", "[split]") {
+TEST_CASE("a free set erases by the block's own position", "[split]") {
   Block a, b, c;
   a.size = 512, b.size = 1024, c.size = 2048;
   a.addr = 0x1000, b.addr = 0x2000, c.addr = 0x3000;
   FreeBlocks set;
   set.insert(&a);
   set.insert(&b);
-  set.erase(&a);            // its node is kept ...
-  set.insert(&c);           // ... and carries c now
+  set.erase(&a);
+  set.insert(&c);
   REQUIRE(set.size() == 2);
   REQUIRE_FALSE(set.contains(&a));
   REQUIRE(set.contains(&c));
   set.erase(&b);
   REQUIRE(set.take_best_fit(0, 512) == &c);
   REQUIRE(set.size() == 0);
+}
+
+// ---- the free set's bins: size classes and streams ---------------------------------------------
+
+namespace {
+
+Block make_block(StreamId stream, std::size_t size, std::uintptr_t addr) {
+  Block b;
+  b.stream = stream;
+  b.size = size;
+  b.addr = addr;
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("size classes are monotone in size and exact up to 1 MiB", "[split]") {
+  REQUIRE(FreeBlocks::class_of(512) == 0);
+  REQUIRE(FreeBlocks::class_of(1024) == 1);
+  REQUIRE(FreeBlocks::class_of(MiB) == FreeBlocks::kExactClasses - 1);
+  REQUIRE(FreeBlocks::class_of(MiB + 512) == FreeBlocks::kExactClasses);
+  REQUIRE(FreeBlocks::class_of(~std::size_t{0}) == FreeBlocks::kClasses - 1);
+  unsigned last = 0;
+  for (std::size_t size = 512; size <= 64 * MiB; size += 512) {
+    const unsigned cls = FreeBlocks::class_of(size);
+    REQUIRE(cls >= last);
+    REQUIRE(cls < FreeBlocks::kClasses);
+    if (size <= MiB) REQUIRE(cls == size / 512 - 1);
+    last = cls;
+  }
+}
+
+TEST_CASE("take_best_fit passes over smaller blocks of the request's class to the next class", "[split]") {
+  // 1 MiB + 512 and 1 MiB + 32 KiB share a large-pool class; the request lies between them.
+  REQUIRE(FreeBlocks::class_of(MiB + 512) == FreeBlocks::class_of(MiB + 32 * KiB));
+  Block below = make_block(0, MiB + 512, 0x1000);
+  Block above = make_block(0, 3 * MiB, 0x9000);
+  FreeBlocks set;
+  set.insert(&below);
+  set.insert(&above);
+  REQUIRE(set.take_best_fit(0, MiB + 32 * KiB) == &above);
+  REQUIRE(set.take_best_fit(0, MiB + 32 * KiB) == nullptr);
+  REQUIRE(set.take_best_fit(0, MiB) == &below);
+}
+
+TEST_CASE("take_best_fit finds the smallest fitting block within a large class", "[split]") {
+  Block a = make_block(0, MiB + 16 * KiB, 0x1000);
+  Block b = make_block(0, MiB + 8 * KiB, 0x2000);
+  Block c = make_block(0, MiB + 4 * KiB, 0x3000);
+  FreeBlocks set;
+  for (Block* x : {&a, &b, &c}) set.insert(x);
+  REQUIRE(set.take_best_fit(0, MiB + 5 * KiB) == &b);
+  REQUIRE(set.take_best_fit(0, MiB + 512) == &c);
+}
+
+TEST_CASE("a request too large for any class finds nothing", "[split]") {
+  Block big = make_block(0, std::size_t{1} << 40, 0x1000);
+  FreeBlocks set;
+  set.insert(&big);
+  REQUIRE(set.take_best_fit(0, ~std::size_t{0}) == nullptr);
+  REQUIRE(set.take_best_fit(0, (std::size_t{1} << 40) + 512) == nullptr);
+  REQUIRE(set.take_best_fit(0, 512) == &big);
+}
+
+TEST_CASE("blocks of many streams stay with their streams", "[split][streams]") {
+  std::vector<Block> blocks;
+  for (StreamId s = 0; s < 20; ++s) blocks.push_back(make_block(s * 7919, 512 * (s + 1), 0x1000 * (s + 1)));
+  FreeBlocks set;
+  for (Block& b : blocks) set.insert(&b);
+  for (StreamId s = 20; s-- > 0;) {
+    REQUIRE(set.take_best_fit(s * 7919 + 1, 512) == nullptr);
+    REQUIRE(set.take_best_fit(s * 7919, 512) == &blocks[s]);
+    REQUIRE(set.take_best_fit(s * 7919, 512) == nullptr);
+  }
+  REQUIRE(set.size() == 0);
+}
+
+// The free set against a std::set ordered by (stream, size, address), the definition of best fit:
+// random inserts, erases and takes over a few streams, with many equal sizes (deep trees of one
+// class) and sizes on both sides of the small/large boundary.
+TEST_CASE("the free set agrees with an ordered set under random operations", "[split][property]") {
+  using Key = std::tuple<StreamId, std::size_t, std::uintptr_t>;
+  std::mt19937_64 rng(12345);
+  std::deque<Block> storage;
+  std::vector<Block*> idle, in_set;
+  std::set<Key> reference;
+  FreeBlocks set;
+  const auto key = [](const Block* b) { return Key{b->stream, b->size, b->addr}; };
+  const auto random_size = [&]() -> std::size_t {
+    switch (rng() % 4) {
+      case 0: return 512 * (1 + rng() % 4);                     // a few small sizes, many repeats
+      case 1: return 512 * (1 + rng() % 2048);                  // any small size
+      case 2: return MiB + 512 * (1 + rng() % 8192);            // the first large classes
+      default: return 512 * (1 + rng() % (std::size_t{1} << 22));  // up to 2 GiB
+    }
+  };
+  std::uintptr_t next_addr = 0x10000;
+  for (int op = 0; op < 200000; ++op) {
+    // Inserts lead while the set is small, so it grows to a few thousand blocks and stays there.
+    const unsigned what = static_cast<unsigned>(rng() % 10) + (in_set.size() < 3000 ? 0 : 2);
+    if (what < 6 || in_set.empty()) {
+      if (idle.empty()) idle.push_back(&storage.emplace_back());
+      Block* b = idle.back();
+      idle.pop_back();
+      *b = make_block(rng() % 3, random_size(), next_addr += 0x1000 * (1 + rng() % 4));
+      set.insert(b);
+      reference.insert(key(b));
+      in_set.push_back(b);
+    } else if (what < 8) {
+      const std::size_t i = rng() % in_set.size();
+      Block* b = in_set[i];
+      in_set[i] = in_set.back();
+      in_set.pop_back();
+      set.erase(b);
+      reference.erase(key(b));
+      idle.push_back(b);
+    } else {
+      const StreamId stream = rng() % 4;  // stream 3 never has blocks
+      const std::size_t size = random_size();
+      auto it = reference.lower_bound(Key{stream, size, 0});
+      Block* got = set.take_best_fit(stream, size);
+      if (it == reference.end() || std::get<0>(*it) != stream) {
+        REQUIRE(got == nullptr);
+        continue;
+      }
+      REQUIRE(got != nullptr);
+      REQUIRE(key(got) == *it);
+      reference.erase(it);
+      in_set.erase(std::find(in_set.begin(), in_set.end(), got));
+      idle.push_back(got);
+    }
+    REQUIRE(set.size() == reference.size());
+    if (op % 5000 == 0) {
+      std::vector<Key> walked;
+      set.for_each([&](const Block* b) { walked.push_back(key(b)); });
+      REQUIRE(walked == std::vector<Key>(reference.begin(), reference.end()));
+      for (const Block* b : in_set) REQUIRE(set.contains(b));
+      for (const Block* b : idle) REQUIRE_FALSE(set.contains(b));
+      REQUIRE_NOTHROW(set.check());  // balanced trees, bits that match them
+    }
+  }
 }
