@@ -15,12 +15,17 @@ import re
 # (macro, header under torch/include, pattern searched in that header with all white space removed)
 TORCH_FEATURES = [
     ("DEVICE_ALLOCATOR_BASE", "c10/cuda/CUDACachingAllocator.h", r"classCUDAAllocator:publicDeviceAllocator"),
+    ("SHARE_IPC_HANDLE", "c10/cuda/CUDACachingAllocator.h", r"virtualShareableHandleshareIpcHandle\("),
+    ("ENABLE", "c10/cuda/CUDACachingAllocator.h", r"virtualvoidenable\(bool"),
+    ("GET_MEMORY_FRACTION", "c10/cuda/CUDACachingAllocator.h", r"virtualdoublegetMemoryFraction\("),
     ("EMPTY_CACHE_POOL", "*", r"voidemptyCache\(MempoolId_t"),
     ("SNAPSHOT_POOL", "c10/cuda/CUDACachingAllocator.h", r"SnapshotInfosnapshot\(MempoolId_t"),
+    ("TRACE_ENTRY_POOL", "*", r"stream,MempoolId_tmempool,approx_time_ttime"),
     ("INCLUDE_TRACES", "c10/cuda/CUDACachingAllocator.h", r"boolinclude_traces"),
     ("CLEAR_HISTORY", "c10/cuda/CUDACachingAllocator.h", r"recordHistory\([^)]*boolclearHistory"),
     ("SKIP_ACTIONS", "c10/cuda/CUDACachingAllocator.h", r"recordHistory\([^)]*skip_actions"),
     ("EXPANDABLE_SEGMENT_SIZES", "c10/cuda/CUDACachingAllocator.h", r"virtualstd::vector<StreamSegmentSize>getExpandableSegmentSizes"),
+    ("ENSURE_EXISTS_AND_INCREF_POOL", "c10/cuda/CUDACachingAllocator.h", r"virtualvoidensureExistsAndIncrefPool\("),
     ("CREATE_OR_INCREF_POOL", "c10/cuda/CUDACachingAllocator.h", r"virtualvoidcreateOrIncrefPool"),
     ("POOL_ALLOCATOR_SHARED_PTR", "c10/cuda/CUDACachingAllocator.h", r"virtualvoidcreateOrIncrefPool\([^)]*std::shared_ptr<CUDAAllocator>"),
     ("POOL_USE_COUNT", "c10/cuda/CUDACachingAllocator.h", r"virtualintgetPoolUseCount"),
@@ -64,6 +69,34 @@ def cudart_library():
     return os.path.join(cuda_home, "lib64"), "cudart"
 
 
+AUTOLOAD_PTH = "python/gpumem-autoload.pth"
+
+
+def build_py_with_autoload_pth():
+    """build_py, plus gpumem-autoload.pth at the top of site-packages, so that GPUMEM_LIMIT caps
+    programs that never import gpumem (see python/_gpumem_autoload.py).
+
+    A wheel installs the top of build_lib into site-packages. An editable wheel (pip install -e)
+    holds nothing from build_lib, only what install commands write into the unpacked wheel,
+    which setuptools (>= 64) makes the install command's install_lib; there the file goes.
+    """
+    from setuptools.command.build_py import build_py
+
+    class build_py_with_pth(build_py):
+        def run(self):
+            super().run()
+            self.copy_file(AUTOLOAD_PTH, self._pth_target(), preserve_mode=False)
+
+        def get_outputs(self, include_bytecode=1):
+            return super().get_outputs(include_bytecode) + ([] if self.editable_mode else [self._pth_target()])
+
+        def _pth_target(self):
+            top = self.get_finalized_command("install").install_lib if self.editable_mode else self.build_lib
+            return os.path.join(top, os.path.basename(AUTOLOAD_PTH))
+
+    return build_py_with_pth
+
+
 def extension():
     from torch.utils.cpp_extension import CppExtension, library_paths
 
@@ -95,6 +128,7 @@ if __name__ == "__main__":
         version="0.1.0",
         package_dir={"": "python"},
         packages=["gpumem"],
+        py_modules=["_gpumem_autoload"],
         ext_modules=[extension()],
-        cmdclass={"build_ext": BuildExtension},
+        cmdclass={"build_ext": BuildExtension, "build_py": build_py_with_autoload_pth()},
     )

@@ -205,7 +205,8 @@ def _html_table(d: DeviceReport) -> str:
 
 
 def _html_bar(d: DeviceReport) -> str:
-    """Allocated inside reserved inside the limit; both widths are in % of the limit.
+    """Allocated inside reserved inside the limit; both widths are in % of the limit. A legend
+    under the bar names the three, with their sizes.
 
     The outer div is the positioned ancestor of the allocated div (the reserved div is not
     positioned), so the allocated div's width is also a share of the limit."""
@@ -215,14 +216,19 @@ def _html_bar(d: DeviceReport) -> str:
         return f"{min(100.0, 100.0 * n / scale):.2f}%"
 
     name = "limit" if d.limit else "device total" if d.total else "reserved"
-    return (
+    bar = (
         f'<div class="gpumem-limit" title="{name} {_size(scale)}" style="position:relative;'
-        f'width:{_BAR_WIDTH_PX}px;height:14px;margin:4px 0 12px 0;border:1px solid #555;background:#eee">'
+        f'width:{_BAR_WIDTH_PX}px;height:14px;margin:4px 0 2px 0;border:1px solid #555;background:#eee">'
         f'<div class="gpumem-reserved" title="reserved {_size(d.reserved)}" '
         f'style="width:{share(d.reserved)};height:100%;background:#a6cee3">'
         f'<div class="gpumem-allocated" title="allocated {_size(d.allocated)}" style="position:absolute;'
         f'left:0;top:0;width:{share(d.allocated)};height:100%;background:#1f78b4"></div></div></div>'
     )
+    keys = [("#1f78b4", "allocated", d.allocated), ("#a6cee3", "reserved", d.reserved), ("#eee", name, scale)]
+    legend = "&nbsp;&nbsp;".join(
+        f'<span style="display:inline-block;width:10px;height:10px;border:1px solid #555;background:{color}">'
+        f"</span>&nbsp;{label} {_size(n)}" for color, label, n in keys)
+    return f'{bar}\n<div class="gpumem-legend" style="font-size:smaller;margin:0 0 12px 0">{legend}</div>'
 
 
 def _plot_device(axes, d: DeviceReport) -> None:
@@ -237,5 +243,5 @@ def _plot_device(axes, d: DeviceReport) -> None:
     axes.set_title(f"device {d.device}")
     axes.set_xlabel("seconds")
     axes.set_ylabel(name)
-    axes.set_ylim(bottom=0)
+    axes.set_ylim(0, max(highest, 1) / unit * 1.08)  # headroom: the limit line sits below the frame
     axes.legend(loc="best")

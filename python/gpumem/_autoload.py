@@ -1,0 +1,104 @@
+"""GPUMEM_LIMIT without code changes: gpumem installs itself when torch is imported.
+
+The top-level module _gpumem_autoload (loaded at start-up by gpumem-autoload.pth, only when
+GPUMEM_LIMIT is set) calls `install()` right after torch's own import has finished, before the
+program can allocate CUDA memory. `state` says what it did, for tests and for people debugging:
+
+    "not run"                      torch has not been imported, or GPUMEM_LIMIT was not set
+    "installed"                    gpumem is the CUDA allocator, with GPUMEM_LIMIT's limits
+    "no CUDA device"               nothing to cap; the program runs on, and nothing is printed
+    "skipped: the gpumem command"  see _is_the_gpumem_command
+
+A GPUMEM_LIMIT that cannot be applied stops the program with exit status 2 and one line on
+stderr, `gpumem: bad GPUMEM_LIMIT "4XB": ...`, rather than let it run without the cap.
+
+Counting the devices, as gpumem.enable() does too, starts the CUDA driver at torch's import in
+every process that has GPUMEM_LIMIT set (DataLoader workers started by spawn, say). CUDA cannot
+be used in a child forked after that, as after torch.cuda.is_available().
+
+Note [when a bad GPUMEM_LIMIT is caught]
+  At torch's import, not at interpreter start-up. The limit grammar is gpumem._C's, in C++, and
+  loading _C needs torch; a second grammar in Python, to check at start-up, could drift from it.
+  Waiting costs no safety: a program allocates CUDA memory through torch only after importing
+  it. And a GPUMEM_LIMIT left in a shell does not break Python programs that never use torch
+  (pip, say). The syntax is checked before anything else, so a typo stops the program on a
+  machine without a GPU too; what depends on the devices (a limit above a device's memory, a
+  device that does not exist) is checked by gpumem.enable(), where there are devices.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Optional
+
+from gpumem import _C, _api, _env
+
+EXIT_BAD_LIMIT = 2
+_ANY_TOTAL = 1 << 62  # checks a spec's syntax: every real device is smaller
+
+state = "not run"
+
+
+def install() -> None:
+    """Installs gpumem with GPUMEM_LIMIT's limits; exits with status 2 if they cannot be applied."""
+    global state
+    text = os.environ.get(_env.VARIABLE)
+    if text is None:
+        return
+    if _is_the_gpumem_command():
+        state = "skipped: the gpumem command"
+        return
+    _stop_if_bad(text, _syntax_error(text))
+    if _C.device_count() == 0:
+        state = "no CUDA device"
+        return
+    try:
+        _api.enable()
+    except ValueError as error:  # a limit above a device's memory, a device that is not there
+        _stop_if_bad(text, str(error))
+    except Exception as error:  # noqa: BLE001: whatever it is, the program must not run uncapped
+        _stop(f"gpumem: GPUMEM_LIMIT={text!r} is set but gpumem could not be installed "
+              f"({_without_prefixes(str(error), text)}); the program stops rather than run without "
+              "the cap.")
+    state = "installed"
+
+
+def _syntax_error(text: str) -> Optional[str]:
+    try:
+        for _, spec in _C.parse_limit_assignments(text):
+            _C.parse_limit(spec, _ANY_TOTAL)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _is_the_gpumem_command() -> bool:
+    """The gpumem command reads GPUMEM_LIMIT itself (`gpumem info` reports a bad one, `gpumem run`
+    hands it to the program it starts) and allocates no CUDA memory, so it is left alone."""
+    if os.path.basename(sys.argv[0]) == "gpumem":  # the console script
+        return True
+    # `python -m gpumem`: runpy imports the package, and with it torch, while argv[0] is "-m".
+    argv = list(getattr(sys, "orig_argv", []))
+    return sys.argv[:1] == ["-m"] and "-m" in argv and argv[argv.index("-m") + 1:][:1] == ["gpumem"]
+
+
+def _stop_if_bad(text: str, error: Optional[str]) -> None:
+    if error is not None:
+        reason = _without_prefixes(error, text).rstrip(".")
+        _stop(f'gpumem: bad {_env.VARIABLE} "{text}": {reason}. The program stops rather than run '
+              f"without the cap: fix {_env.VARIABLE} or unset it.")
+
+
+def _without_prefixes(message: str, text: str) -> str:
+    """The reason alone: without "gpumem: ", nor what the line already says (the variable, the value)."""
+    prefixes = re.compile(rf'gpumem: |{_env.VARIABLE}={re.escape(repr(text))} cannot be applied: '
+                          r'|bad limit(?: list)? "[^"]*": ')
+    while (found := prefixes.match(message)) is not None:
+        message = message[found.end():]
+    return message
+
+
+def _stop(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    raise SystemExit(EXIT_BAD_LIMIT)
