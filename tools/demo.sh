@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpumem's main job on a fresh machine: installs what is missing, builds and installs gpumem, and
-# runs a training loop under a 2 GiB cap (on the simulated device when there is no GPU).
+# runs tools/demo.py: training under a 2 GiB cap on a GPU, or, without one, a replay of a shipped
+# snapshot of a real training run under a 3 GB cap on the simulated device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh

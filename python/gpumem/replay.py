@@ -94,7 +94,8 @@ class ReplayResult:
             "free": self.capacity - self.stats.get("reserved_bytes.all.current", 0),
             "largest_free_block": self.largest_free_block,
             "timeline": [((t - origin) / 1e6, a, r) for t, a, r in self.timeline],
-        }}, title=f"gpumem replay, device {self.device}")
+            "simulated": True,
+        }}, title="gpumem replay on the simulated device")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ class DeviceReport:
     free: Optional[int] = None
     largest_free_block: Optional[int] = None
     timeline: list = field(default_factory=list)  # [(seconds, allocated, reserved)]
+    simulated: bool = False  # a simulated device: nothing outside gpumem uses it
 
     def stat(self, key: str) -> int:
         return int(self.stats.get(key, 0))
@@ -47,7 +48,7 @@ class DeviceReport:
     @property
     def outside_estimate(self) -> Optional[int]:
         """Device used minus reserved, when the device's total and free memory are known."""
-        if self.total is None or self.free is None:
+        if self.simulated or self.total is None or self.free is None:
             return None
         return max(0, self.total - self.free - self.reserved)
 
@@ -77,6 +78,7 @@ class Report:
                 free=values.get("free"),
                 largest_free_block=values.get("largest_free_block"),
                 timeline=list(values.get("timeline") or []),
+                simulated=bool(values.get("simulated", False)),
             ))
         return cls(devices, title)
 
@@ -92,6 +94,7 @@ class Report:
             "total": total,
             "free": None if total is None else total - sim.reserved(d),
             "largest_free_block": sim.largest_free_block(d),
+            "simulated": True,
         } for d in indices}, title)
 
     # ---- rendering ----------------------------------------------------------------------------
@@ -178,7 +181,7 @@ def _rows(d: DeviceReport) -> list[tuple[str, str, str]]:
         ("largest free block", _size(d.largest_free_block), ""),
         ("device total", _size(d.total), ""),
         ("device free", _size(d.free), ""),
-        ("outside PyTorch*", _size(d.outside_estimate), ""),
+    ] + ([] if d.simulated else [("outside PyTorch*", _size(d.outside_estimate), "")]) + [
         ("OOMs", str(d.stat("num_ooms")), ""),
         ("alloc retries", str(d.stat("num_alloc_retries")), ""),
         ("cache releases", str(d.stat("num_cache_releases")), ""),

@@ -13,7 +13,7 @@ from gpumem import _C, replay  # noqa: E402
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 NOTEBOOK = DOCS / "quickstart.ipynb"
 SNAPSHOT = pathlib.Path(__file__).resolve().parent / "data" / "gpt_adamw.pickle"
-REPLAY_TITLE = "gpumem replay, device 0"
+REPLAY_TITLE = "gpumem replay on the simulated device"
 
 
 def outputs(notebook, mime: str) -> list[str]:
