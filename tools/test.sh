@@ -49,13 +49,14 @@ pytest_run() {
 
 mkdir -p build
 suite "core and adapter tests (CTest)" ctest_build build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo
-export GPUMEM_PROPERTY_OPS=100000
+# Sanitized builds run the randomized tests at a tenth of their length.
+export GPUMEM_PROPERTY_OPS=100000 GPUMEM_THREAD_OPS=20000
 suite "ASan+UBSan (CTest)" ctest_build build/asan -DCMAKE_BUILD_TYPE=Debug \
   "-DGPUMEM_SANITIZE=address;undefined" -DGPUMEM_CHECK_INVARIANTS=ON -DGPUMEM_TORCH_TESTS=OFF
 export TSAN_OPTIONS=halt_on_error=1
 suite "TSan, threaded tests (CTest)" ctest_build build/tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DGPUMEM_SANITIZE=thread -DGPUMEM_TORCH_TESTS=OFF "-DGPUMEM_TEST_SPEC=[threads]"
-unset GPUMEM_PROPERTY_OPS TSAN_OPTIONS
+unset GPUMEM_PROPERTY_OPS GPUMEM_THREAD_OPS TSAN_OPTIONS
 suite "Python tests (pytest)" pytest_run
 
 echo
