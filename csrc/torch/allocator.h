@@ -49,7 +49,9 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
   using CheckpointDelta = c10::cuda::CUDACachingAllocator::CheckpointDelta;
   using OutOfMemoryObserver = c10::cuda::CUDACachingAllocator::OutOfMemoryObserver;
   using AllocatorTraceTracker = c10::cuda::CUDACachingAllocator::AllocatorTraceTracker;
+#if GPUMEM_TORCH_HAS_SHARE_IPC_HANDLE
   using ShareableHandle = c10::cuda::CUDACachingAllocator::ShareableHandle;
+#endif
 
   TorchAllocator(Backend& backend, std::unique_ptr<CudaContext> context, AllocatorConfig defaults = {});
   ~TorchAllocator() override;
@@ -75,8 +77,8 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
 
   void init(int device_count) override;
   bool initialized() override;
-  void enable(bool value) override;
-  bool isEnabled() const override;
+  void enable(bool value) GPUMEM_OVERRIDE_IF(GPUMEM_TORCH_HAS_ENABLE);
+  bool isEnabled() const GPUMEM_OVERRIDE_IF(GPUMEM_TORCH_HAS_ENABLE);
   std::string name() override;
 
   void attachOutOfMemoryObserver(OutOfMemoryObserver observer) override;
@@ -90,7 +92,7 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
   void resetAccumulatedStats(DeviceIndex device) override;
   void resetPeakStats(DeviceIndex device) override;
   // The limit as a share of the device's total memory, both ways; fraction in [0, 1].
-  double getMemoryFraction(DeviceIndex device) override;
+  double getMemoryFraction(DeviceIndex device) GPUMEM_OVERRIDE_IF(GPUMEM_TORCH_HAS_GET_MEMORY_FRACTION);
   void setMemoryFraction(double fraction, DeviceIndex device) override;
 #if GPUMEM_TORCH_HAS_EMPTY_CACHE_POOL
   void emptyCache(MempoolId mempool_id) override;
@@ -112,6 +114,9 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
   void releasePool(DeviceIndex device, MempoolId mempool_id) override;
 #if GPUMEM_TORCH_HAS_POOL_USE_COUNT
   int getPoolUseCount(DeviceIndex device, MempoolId mempool_id) override;
+#endif
+#if GPUMEM_TORCH_HAS_ENSURE_EXISTS_AND_INCREF_POOL
+  void ensureExistsAndIncrefPool(DeviceIndex device, MempoolId mempool_id) override;
 #endif
 #if GPUMEM_TORCH_HAS_CREATE_OR_INCREF_POOL
   void createOrIncrefPool(DeviceIndex device, MempoolId mempool_id, GPUMEM_POOL_ALLOCATOR_TYPE allocator) override;
@@ -147,7 +152,9 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
 
   // ---- what gpumem leaves to CUDA or does not support (cuda_ops.cpp) ----
   void copy_data(void* dest, const void* src, size_t count) const override;
+#if GPUMEM_TORCH_HAS_SHARE_IPC_HANDLE
   ShareableHandle shareIpcHandle(void* ptr) override;
+#endif
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override;
   void enablePeerAccess(DeviceIndex dev, DeviceIndex dev_to_access) override;
   cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device, size_t count,

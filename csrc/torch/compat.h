@@ -1,10 +1,11 @@
-// What differs between the torch releases gpumem builds against (2.6 to 2.15).
+// What differs between the torch releases gpumem builds against (2.4 to 2.15).
 //
 // The build (setup.py's torch_feature_macros, also used by CMake) reads the installed torch's
 // headers and defines GPUMEM_TORCH_HAS_<FEATURE> to 0 or 1 for each interface change it knows;
 // this file turns them into the parameter lists and the few names that differ, so the adapter has
-// one source. A release that adds a new pure virtual shows up as an abstract-class error in
-// allocator.cpp: add its probe to setup.py and its override under a macro here.
+// one source. tools/check_torch_compat.py compiles it against every release's headers
+// (docs/compatibility.md). A release that adds a new pure virtual shows up there as an
+// abstract-class error: add its probe to setup.py and its override under a macro here.
 #pragma once
 
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -29,7 +30,26 @@ using TorchTraceEntry = cca::TraceEntry;
 inline PoolId to_gpumem(const TorchPoolId& id) { return {id.first, id.second}; }
 inline TorchPoolId to_torch(const PoolId& id) { return {id.first, id.second}; }
 
+// A trace entry with no time yet (the caller sets time_.t_). Entries name their pool since 2.8.
+inline TorchTraceEntry make_trace_entry(TorchTraceEntry::Action action, c10::DeviceIndex device, std::uintptr_t addr,
+                                        std::size_t size, cudaStream_t stream, const PoolId& pool,
+                                        std::shared_ptr<c10::GatheredContext> context) {
+#if GPUMEM_TORCH_HAS_TRACE_ENTRY_POOL
+  return TorchTraceEntry(action, device, addr, size, stream, to_torch(pool), 0, std::move(context));
+#else
+  (void)pool;
+  return TorchTraceEntry(action, device, addr, size, stream, 0, std::move(context));
+#endif
+}
+
 }  // namespace gpumem::torch_compat
+
+// `override` where torch declares the virtual (GPUMEM_OVERRIDE_IF(GPUMEM_TORCH_HAS_X)); before that
+// release the member is gpumem's own, which torch does not call.
+#define GPUMEM_OVERRIDE_IF(has) GPUMEM_OVERRIDE_IF_(has)
+#define GPUMEM_OVERRIDE_IF_(has) GPUMEM_OVERRIDE_IF_##has
+#define GPUMEM_OVERRIDE_IF_0
+#define GPUMEM_OVERRIDE_IF_1 override
 
 // recordHistory's trailing parameters.
 #if GPUMEM_TORCH_HAS_CLEAR_HISTORY

@@ -20,7 +20,9 @@ void TorchAllocator::copy_data(void* dest, const void* src, size_t count) const 
   C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
 }
 
+#if GPUMEM_TORCH_HAS_SHARE_IPC_HANDLE
 TorchAllocator::ShareableHandle TorchAllocator::shareIpcHandle(void* /*ptr*/) { TORCH_CHECK(false, kNoIpc); }
+#endif
 
 std::shared_ptr<void> TorchAllocator::getIpcDevPtr(std::string /*handle*/) { TORCH_CHECK(false, kNoIpc); }
 

@@ -103,8 +103,8 @@ void History::record(Action action, int device, std::uintptr_t addr, std::size_t
   }
   // Gathering a stack can be slow (Python frames); it happens outside the lock.
   std::shared_ptr<c10::GatheredContext> context = recorder ? recorder() : nullptr;
-  TraceEntry entry(action, static_cast<c10::DeviceIndex>(device), addr, size, reinterpret_cast<cudaStream_t>(stream),
-                   torch_compat::TorchPoolId{pool.first, pool.second}, 0, std::move(context));
+  TraceEntry entry = torch_compat::make_trace_entry(action, static_cast<c10::DeviceIndex>(device), addr, size,
+                                                    reinterpret_cast<cudaStream_t>(stream), pool, std::move(context));
   entry.time_.t_ = static_cast<time_t>(now_us());
 
   std::lock_guard<std::mutex> lock(mutex_);

@@ -51,6 +51,14 @@ int TorchAllocator::getPoolUseCount(DeviceIndex device, MempoolId mempool_id) {
 }
 #endif
 
+#if GPUMEM_TORCH_HAS_ENSURE_EXISTS_AND_INCREF_POOL
+// What 2.6 and 2.7 call createOrIncrefPool (MemPool's constructor); it has no allocator argument.
+void TorchAllocator::ensureExistsAndIncrefPool(DeviceIndex device, MempoolId mempool_id) {
+  gpumem::DeviceAllocator& d = this->device(device);
+  with_c10_errors([&] { d.create_pool(torch_compat::to_gpumem(mempool_id)); });
+}
+#endif
+
 #if GPUMEM_TORCH_HAS_CREATE_OR_INCREF_POOL
 void TorchAllocator::createOrIncrefPool(DeviceIndex device, MempoolId mempool_id, GPUMEM_POOL_ALLOCATOR_TYPE allocator) {
   const void* other = address_of(allocator);
