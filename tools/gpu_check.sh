@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a GPU machine runs to check gpumem end to end: build, the Python tests (GPU ones included),
 # the demo, and the capture of the replay snapshots. Logs go to $OUT (default ./gpu-logs).
+# TESTS picks pytest files (default: all); CAPTURE=0 skips the capture.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-logs}
@@ -14,7 +15,7 @@ start=$(date +%s)
 python3 -m pip install -q --no-build-isolation --no-deps --no-index -e . >"$out/build.log" 2>&1 ||
   { tail -n 60 "$out/build.log"; exit 1; }
 echo "build: $(($(date +%s) - start)) s"
-(cd tests/python && python3 -m pytest -q -rs -p no:cacheprovider .) 2>&1 | tee "$out/pytest.log"
+(cd tests/python && python3 -m pytest -q -rs -p no:cacheprovider ${TESTS:-.}) 2>&1 | tee "$out/pytest.log"
 tests=${PIPESTATUS[0]}
 (cd tools && timeout 120 python3 demo.py) 2>&1 | tee "$out/demo.log"
 if [ "${CAPTURE:-1}" = 1 ]; then
