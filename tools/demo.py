@@ -33,19 +33,19 @@ def train_on_gpu():
     layer = torch.nn.TransformerEncoderLayer(d_model=512, nhead=8, dim_feedforward=2048, batch_first=True)
     model = torch.nn.TransformerEncoder(layer, num_layers=6).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batch, limit = 8, gpumem.get_limit()
-    for step in range(24):
+    batch, limit, growing = 8, gpumem.get_limit(), True
+    for step in range(16):
         try:
             model(torch.randn(batch, 256, 512, device="cuda")).square().mean().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             row(step, batch, limit)
-            batch *= 2
+            batch = batch * 2 if growing else batch
         except torch.OutOfMemoryError as e:
             opt.zero_grad(set_to_none=True)
             case = str(e).split("(gpumem: ")[1].split(")")[0]
-            row(step, batch, limit, f"OOM ({case}): batch / 4")
-            batch = max(1, batch // 4)
+            row(step, batch, limit, f"OOM ({case}): back to batch {batch // 2}, training on")
+            batch, growing = batch // 2, False
     print(gpumem.report())
 
 

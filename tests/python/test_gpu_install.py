@@ -74,6 +74,9 @@ def test_gpumem_limit_in_the_environment_caps_the_device_at_enable(run_python):
 def test_a_bad_gpumem_limit_is_an_error_at_enable(run_python):
     result = run_python(
         """
+        import os
+        # Set after start-up: the autoload would stop the program at `import torch` otherwise.
+        os.environ["GPUMEM_LIMIT"] = "4 gigs"
         try:
             gpumem.enable()
             message = None
@@ -81,7 +84,6 @@ def test_a_bad_gpumem_limit_is_an_error_at_enable(run_python):
             message = str(error)
         print(json.dumps({"message": message, "enabled": gpumem.is_enabled()}))
         """,
-        env={"GPUMEM_LIMIT": "4 gigs"},
     )
     assert result["message"] is not None
     assert "GPUMEM_LIMIT='4 gigs'" in result["message"]

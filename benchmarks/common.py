@@ -1,0 +1,62 @@
+"""What the Python benchmarks share: picking the allocator before torch starts, and output.
+
+Each benchmark process measures one allocator, named on its command line:
+  gpumem              gpumem installed as torch's CUDA allocator (gpumem.enable())
+  native              PyTorch's own caching allocator
+  native-expandable   the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+The choice has to be made before torch initializes CUDA (and, for the environment variable,
+before torch is imported), so `select_allocator` is the first thing a benchmark calls.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+ALLOCATORS = ("gpumem", "native", "native-expandable")
+
+
+def select_allocator(name: str) -> None:
+    """Makes `name` the allocator of this process; call before importing torch."""
+    if name not in ALLOCATORS:
+        raise ValueError(f"unknown allocator {name!r}; one of {ALLOCATORS}")
+    if "torch" in sys.modules and name == "native-expandable":
+        raise RuntimeError("select_allocator must run before torch is imported")
+    os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    if name == "native-expandable":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    import gpumem  # imports torch; installs nothing by itself
+
+    if name == "gpumem":
+        gpumem.enable()
+
+
+def check_allocator(name: str) -> None:
+    """Fails unless CUDA is up with the allocator `name` asked for (GPUMEM_LIMIT could install gpumem)."""
+    import gpumem
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("this benchmark needs a CUDA GPU")
+    torch.empty(1, device="cuda")  # initializes CUDA and the allocator
+    if gpumem.is_enabled() != (name == "gpumem"):
+        sys.exit(f"asked for allocator {name!r} but gpumem.is_enabled() is {gpumem.is_enabled()}; "
+                 "unset GPUMEM_LIMIT")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def median(values) -> float:
+    return statistics.median(values)
+
+
+def write_json(path: str, record: dict) -> None:
+    text = json.dumps(record, indent=1, sort_keys=True)
+    if path:
+        with open(path, "w") as file:
+            file.write(text + "\n")
+    print(text)

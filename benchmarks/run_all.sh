@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Runs benchmarks 1-5 of docs/benchmarks.md on a machine with a CUDA GPU, each part in its own
+# process(es), within BENCH_BUDGET_S seconds (default 430, including the gpumem install when one is
+# needed: the whole fits one 8-minute call). Each part writes JSON and a log into OUTDIR; at the
+# end the results table is printed and written to OUTDIR/summary.md.
+#   bash benchmarks/run_all.sh [OUTDIR]          (default: bench-out)
+# gpumem is installed first (pip install --no-build-isolation -e .): when the gpumem python3
+# imports is not this tree's, this script installs it that way, on its budget.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+OUT=${1:-bench-out}
+BIN=${BENCH_BUILD_DIR:-/tmp/gpumem-bench-build}  # objects and binary: kept out of OUTDIR
+BUDGET=${BENCH_BUDGET_S:-430}
+EMPTY_ROUNDS=${BENCH_EMPTY_ROUNDS:-3}  # part 2: processes per allocator, alternating
+TRAIN_ROUNDS=${BENCH_TRAIN_ROUNDS:-3}  # part 3: processes per allocator, alternating
+mkdir -p "$OUT"
+# A previous run's results would mix into the medians: remove them (only files this script writes).
+rm -f "$OUT"/{allocators,replay,machine}.json "$OUT"/{install,machine,build,allocators,replay}.log \
+  "$OUT"/torch_empty-*.{json,log} "$OUT"/training-*.{json,log} "$OUT"/summary.md
+unset GPUMEM_LIMIT PYTORCH_CUDA_ALLOC_CONF  # each process picks its allocator itself
+SECONDS=0
+
+log() { echo "[$(date +%H:%M:%S) +${SECONDS}s] $*"; }
+
+# run NAME LIMIT_S COMMAND...: output in $OUT/NAME.log; the limit never passes the budget left.
+run() {
+  local name=$1 limit=$2 left=$((BUDGET - SECONDS))
+  shift 2
+  if ((left < 20)); then
+    log "SKIP  $name: the time budget is spent"
+    return 1
+  fi
+  ((limit > left)) && limit=$left
+  log "start $name"
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local status=$?
+  if ((status == 0)); then
+    log "done  $name"
+    return 0
+  fi
+  log "FAIL  $name: exit $status$( ((status == 124)) && echo " (over its ${limit} s)"); the end of $OUT/$name.log:"
+  tail -n 15 "$OUT/$name.log" | sed 's/^/    /'
+  return 1
+}
+
+# gpumem from this tree, built against the installed torch (an install of another tree would measure that)
+from_this_tree() {
+  python3 -c "import os, sys, gpumem._C as c; r = os.path.realpath
+sys.exit(not r(c.__file__).startswith(r('python') + os.sep))" 2>/dev/null
+}
+if ! from_this_tree; then
+  run install 240 pip install --no-build-isolation --no-index -e . || exit 1
+  from_this_tree || { log "python3 still imports a gpumem from elsewhere: $(python3 -c 'import gpumem; print(gpumem.__file__)')"; exit 1; }
+fi
+run machine 60 python3 benchmarks/machine.py "$OUT/machine.json"
+
+# The build and the replay (part 5) use only the CPU: run them together, before anything is timed.
+log "start build of bench_allocators and part 5 (replay, CPU only), in parallel"
+run replay 120 python3 benchmarks/bench_replay.py --out "$OUT/replay.json" &
+REPLAY=$!
+run build 180 bash benchmarks/build_bench_allocators.sh "$BIN/bench_allocators" "$BIN/obj"
+BUILT=$?
+wait "$REPLAY"
+if ! python3 -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+  log "no CUDA GPU here: parts 1-4 not run"
+  python3 benchmarks/summarize.py "$OUT" | tee "$OUT/summary.md"
+  exit 1
+fi
+
+if ((BUILT == 0)); then
+  run allocators 90 "$BIN/bench_allocators" --pairs 200000 --runs 7 --cuda-pairs 2000 --out "$OUT/allocators.json"
+fi
+
+for ((r = 1; r <= EMPTY_ROUNDS; r++)); do
+  for a in gpumem native; do
+    run "torch_empty-$a-$r" 60 python3 benchmarks/bench_torch_empty.py --allocator "$a" --out "$OUT/torch_empty-$a-$r.json"
+  done
+done
+
+train_round() {
+  for a in gpumem native native-expandable; do
+    run "training-step-$a-$1" 120 python3 benchmarks/bench_training.py --mode step --allocator "$a" \
+      --out "$OUT/training-step-$a-$1.json"
+  done
+}
+train_round 1
+# Part 4 before the further rounds of part 3: if time runs short, a repeat is what goes.
+run training-reference 120 python3 benchmarks/bench_training.py --mode reference --allocator native \
+  --out "$OUT/training-reference.json"
+for a in gpumem native native-expandable; do
+  run "training-cap-$a" 120 python3 benchmarks/bench_training.py --mode cap --allocator "$a" --out "$OUT/training-cap-$a.json"
+done
+for ((r = 2; r <= TRAIN_ROUNDS; r++)); do train_round "$r"; done
+
+log "all parts run in ${SECONDS} s; the table (also in $OUT/summary.md):"
+python3 benchmarks/summarize.py "$OUT" | tee "$OUT/summary.md"

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""The Markdown table of benchmarks/run_all.sh's results: each figure, its target, met or missed.
+
+    python3 benchmarks/summarize.py OUTDIR        (prints the table; paste it into docs/benchmarks.md)
+
+Reads the JSON files run_all.sh writes into OUTDIR; a part with no file is reported as not
+measured, pointing at its log.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import statistics
+import sys
+
+GiB = 1 << 30
+ROWS: list[tuple[str, ...]] = []
+
+
+def row(part: str, figure: str, value: str, target: str = "-", verdict: str = "-") -> None:
+    ROWS.append((part, figure, value, target, verdict))
+
+
+def load(out: pathlib.Path, pattern: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob(pattern))]
+
+
+def at_most(value: float, bound: float) -> str:
+    return f"met ({value:.3f} <= {bound})" if value <= bound else f"missed by {value - bound:.3f} ({value:.3f} > {bound})"
+
+
+def at_least(value: float, bound: float) -> str:
+    return f"met ({value:.3f} >= {bound})" if value >= bound else f"missed by {bound - value:.3f} ({value:.3f} < {bound})"
+
+
+def missing(part: str, figure: str, log: str) -> None:
+    row(part, figure, f"not measured (see {log})")
+
+
+def allocator_cost(out: pathlib.Path) -> None:
+    found = load(out, "allocators.json")
+    if not found:
+        return missing("1", "malloc+free pair through CUDAAllocator", "allocators.log")
+    subjects = found[0]["subjects"]
+    native = subjects["native"]["ns_per_pair"]
+    row("1", "malloc+free pair, PyTorch native (CUDAAllocator)", f"{native:.0f} ns", verdict="baseline")
+    names = {"gpumem": "gpumem (CUDAAllocator)", "cub": "CUB CachingDeviceAllocator", "cudaMalloc": "cudaMalloc + cudaFree"}
+    for key, name in names.items():
+        if key not in subjects:
+            continue
+        ns, ratio = subjects[key]["ns_per_pair"], subjects[key]["ns_per_pair"] / native
+        target, verdict = ("<= 0.5 x native", at_most(ratio, 0.5)) if key == "gpumem" else ("-", "-")
+        row("1", f"malloc+free pair, {name}", f"{ns:.0f} ns ({ratio:.3f} x native)", target, verdict)
+
+
+def torch_empty(out: pathlib.Path) -> None:
+    by = {a: [r["ns_per_pair"] for r in load(out, f"torch_empty-{a}-*.json")] for a in ("gpumem", "native")}
+    if not all(by.values()):
+        return missing("2", "torch.empty + release", "torch_empty-*.log")
+    gpumem, native = statistics.median(by["gpumem"]), statistics.median(by["native"])
+    row("2", "torch.empty + release, native", f"{native:.0f} ns/pair ({len(by['native'])} processes)", verdict="baseline")
+    row("2", "torch.empty + release, gpumem", f"{gpumem:.0f} ns/pair ({gpumem / native:.3f} x native)",
+        "none stated (< 1: gpumem faster)")
+
+
+def training_step(out: pathlib.Path) -> None:
+    runs = {a: load(out, f"training-step-{a}-*.json") for a in ("gpumem", "native", "native-expandable")}
+    if not (runs["gpumem"] and runs["native"]):
+        return missing("3", "training step", "training-step-*.log")
+    per_step = {a: statistics.median(p / len(r["lengths"]) * 1e3 for r in rs for p in r["pass_s"])
+                for a, rs in runs.items() if rs}
+    first = runs["gpumem"][0]
+    shape = f"batch {first['batch']}, lengths {min(first['lengths'])}-{max(first['lengths'])}"
+    for a, ms in per_step.items():
+        row("3", f"step time, {a} ({shape})", f"{ms:.2f} ms")
+    throughput = per_step["native"] / per_step["gpumem"]
+    row("3", "throughput, gpumem / native (native step time / gpumem's)", f"{throughput:.4f}", ">= 0.99",
+        at_least(throughput, 0.99))
+    ratios = {a: statistics.median(r["reserved_over_allocated"] for r in rs) for a, rs in runs.items() if rs}
+    for a, ratio in ratios.items():
+        peak = statistics.median(r["peak_allocated"] for r in runs[a]) / GiB
+        target, verdict = "-", "-"
+        if a == "gpumem" and "native-expandable" in ratios:
+            bound = ratios["native-expandable"]
+            target = f"< native-expandable ({bound:.3f})"
+            verdict = f"met ({ratio:.3f} < {bound:.3f})" if ratio < bound else f"missed by {ratio - bound:.3f}"
+        row("3", f"peak reserved / peak allocated, {a}", f"{ratio:.3f} (peak allocated {peak:.2f} GiB)", target, verdict)
+
+
+def under_cap(out: pathlib.Path) -> None:
+    reference = load(out, "training-reference.json")
+    caps = {a: load(out, f"training-cap-{a}.json") for a in ("gpumem", "native", "native-expandable")}
+    if reference:
+        ref = reference[0]
+        row("4", f"largest batch whose peak allocated fits under {ref['cap'] / GiB:g} GiB (uncapped run)",
+            str(ref["largest_batch"]), verdict="reference")
+    else:
+        missing("4", "reference batch", "training-reference.log")
+    for a, found in caps.items():
+        if not found:
+            missing("4", f"largest batch under the cap, {a}", f"training-cap-{a}.log")
+            continue
+        r = found[0]
+        how = "gpumem.set_limit" if a == "gpumem" else "set_per_process_memory_fraction"
+        failure = r.get("failure") or {}
+        value = f"{r['largest_batch']} (batch {failure.get('batch', '?')} failed: {failure.get('verdict', 'no failure')})"
+        if not r.get("cap_held", True):
+            value = f"{r['largest_batch']} (the cap did not hold: peak reserved passed it)"
+        target, verdict = "-", "-"
+        if a == "gpumem" and reference:
+            best = reference[0]["largest_batch"]
+            target = f"= reference ({best})"
+            verdict = "met" if r["largest_batch"] >= best else f"missed by {best - r['largest_batch']} batch(es)"
+        row("4", f"largest batch at length {r['length']} under the cap, {a} ({how})", value, target, verdict)
+
+
+def replay(out: pathlib.Path) -> None:
+    found = load(out, "replay.json")
+    if not found:
+        return missing("5", "replay of the shipped snapshots", "replay.log")
+    for name, s in found[0]["snapshots"].items():
+        ratio, original = s["min_limit_over_peak_allocated"], s["original_reserved_over_peak_allocated"]
+        value = (f"min limit {s['min_limit'] / GiB:.3f} GiB = {ratio:.3f} x peak allocated "
+                 f"({s['peak_allocated'] / GiB:.3f} GiB)")
+        verdict = f"{(1 - ratio / original) * 100:.1f}% below the original's reserved" if ratio < original else "not below"
+        row("5", f"replay {name}", value, f"compare: original reserved = {original:.3f} x", verdict)
+
+
+def machine(out: pathlib.Path) -> str:
+    found = load(out, "machine.json")
+    if not found:
+        return "Machine: not recorded."
+    m = found[0]
+    return (f"Machine: {m['gpu']} ({m['gpu_memory'] / GiB:.1f} GiB, driver {m['driver']}), {m['cpus']} CPUs; "
+            f"torch {m['torch']} (CUDA {m['cuda']}); gpumem {m['gpumem_commit']}; {m['date']}.")
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    out = pathlib.Path(sys.argv[1])
+    for part in (allocator_cost, torch_empty, training_step, under_cap, replay):
+        part(out)
+    print(machine(out) + "\n")
+    print("| # | figure | value | target | verdict |\n|---|---|---|---|---|")
+    for r in ROWS:
+        print("| " + " | ".join(r) + " |")
+
+
+if __name__ == "__main__":
+    main()
