@@ -183,3 +183,18 @@ def test_memory_freed_while_a_side_stream_uses_it_is_not_reused_until_the_stream
     assert result["side_was_busy"], "the side stream finished too soon for the check to mean anything"
     assert not result["reused_while_busy"]
     assert result["y_is_right"]
+
+
+@pytest.mark.skipif(not hasattr(torch, "accelerator") or not hasattr(torch.accelerator, "memory_stats"),
+                    reason="this torch has no torch.accelerator memory functions")
+def test_torch_accelerator_memory_functions_report_gpumem(run_python):
+    result = run_python(
+        """
+        gpumem.set_limit("1GB")
+        x = torch.empty(96 << 20, dtype=torch.uint8, device="cuda")
+        print(json.dumps({"accelerator": torch.accelerator.memory_stats()["allocated_bytes.all.current"],
+                          "gpumem": gpumem.stats()["allocated_bytes.all.current"],
+                          "retries": torch.accelerator.memory_stats().get("num_alloc_retries", -1)}))
+        """
+    )
+    assert result["accelerator"] == result["gpumem"] >= 96 * MiB
