@@ -53,7 +53,7 @@ suite "core and adapter tests (CTest)" ctest_build build/release -DCMAKE_BUILD_T
 export GPUMEM_PROPERTY_OPS=100000 GPUMEM_THREAD_OPS=20000
 suite "ASan+UBSan (CTest)" ctest_build build/asan -DCMAKE_BUILD_TYPE=Debug \
   "-DGPUMEM_SANITIZE=address;undefined" -DGPUMEM_CHECK_INVARIANTS=ON -DGPUMEM_TORCH_TESTS=OFF
-export TSAN_OPTIONS=halt_on_error=1
+export TSAN_OPTIONS=halt_on_error=1 GPUMEM_THREAD_OPS=200000  # the threaded tests at full length
 suite "TSan, threaded tests (CTest)" ctest_build build/tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DGPUMEM_SANITIZE=thread -DGPUMEM_TORCH_TESTS=OFF "-DGPUMEM_TEST_SPEC=[threads]"
 unset GPUMEM_PROPERTY_OPS GPUMEM_THREAD_OPS TSAN_OPTIONS
