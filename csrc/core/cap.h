@@ -31,12 +31,6 @@ class Cap {
   std::size_t limit() const { return limit_.load(std::memory_order_relaxed); }
   std::size_t reserved() const { return reserved_.load(std::memory_order_relaxed); }
 
-  // Bytes that reserved may still grow by.
-  std::size_t headroom() const {
-    const std::size_t limit = this->limit(), reserved = this->reserved();
-    return reserved < limit ? limit - reserved : 0;
-  }
-
  private:
   std::atomic<std::size_t> limit_;
   std::atomic<std::size_t> reserved_{0};

@@ -94,6 +94,7 @@ class DeviceAllocator {
   // The largest cached free block, in bytes.
   std::size_t largest_free_block() const;
   MemInfo device_mem_info();
+  std::size_t device_total() const { return device_total_; }
 
   std::vector<SegmentInfo> snapshot() const;
   // The segment start and size holding `ptr`, if any.

@@ -9,14 +9,6 @@
 
 namespace gpumem {
 
-namespace {
-
-std::size_t total_memory(gpumem::DeviceAllocator& device) {
-  return with_c10_errors([&] { return device.device_mem_info().total; });
-}
-
-}  // namespace
-
 torch_compat::TorchDeviceStats TorchAllocator::getDeviceStats(DeviceIndex device) {
   const gpumem::DeviceAllocator* d = with_c10_errors([&] { return core_.existing(device); });
   return d ? to_torch_stats(d->stats()) : torch_compat::TorchDeviceStats{};
@@ -32,7 +24,7 @@ void TorchAllocator::resetPeakStats(DeviceIndex device) {
 
 double TorchAllocator::getMemoryFraction(DeviceIndex device) {
   gpumem::DeviceAllocator& d = this->device(device);
-  const std::size_t total = total_memory(d);
+  const std::size_t total = d.device_total();
   return total == 0 ? 0.0 : static_cast<double>(d.limit()) / static_cast<double>(total);
 }
 
@@ -44,7 +36,7 @@ void TorchAllocator::setMemoryFraction(double fraction, DeviceIndex device) {
                     ": expected a share of the device's total memory in [0, 1]; it sets gpumem's limit, which also "
                     "takes a size such as gpumem.set_limit(\"4GB\")");
   gpumem::DeviceAllocator& d = this->device(device);
-  const auto limit = static_cast<std::size_t>(fraction * static_cast<double>(total_memory(d)));
+  const auto limit = static_cast<std::size_t>(fraction * static_cast<double>(d.device_total()));
   with_c10_errors([&] { d.set_limit(std::optional<std::size_t>(limit)); });
 }
 

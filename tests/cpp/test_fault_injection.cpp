@@ -3,6 +3,8 @@
 // kind names the real cause; nothing leaks; the statistics stay true after every operation.
 #include <catch2/catch.hpp>
 
+#include "env_settings.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -36,10 +38,7 @@ constexpr std::size_t kCapacity = 8 * GiB;
 constexpr std::size_t kMaxLive = 64;
 constexpr StreamId kStreams = 3;
 
-std::uint64_t env_number(const char* name, std::uint64_t fallback) {
-  const char* text = std::getenv(name);
-  return text && *text ? std::strtoull(text, nullptr, 0) : fallback;
-}
+using gpumem_test::env_number;
 
 // The random runs follow the property tests' settings: GPUMEM_PROPERTY_OPS scales them down,
 // GPUMEM_PROPERTY_SEED replaces their seeds.

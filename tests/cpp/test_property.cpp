@@ -7,6 +7,8 @@
 // prints the seed, the configuration and the operation that broke a property.
 #include <catch2/catch.hpp>
 
+#include "env_settings.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -45,10 +47,7 @@ constexpr StreamId kStreams = 3;
 constexpr int kConfigsPerMix = 3;
 constexpr int kMixes = 3;
 
-std::uint64_t env_number(const char* name, std::uint64_t fallback) {
-  const char* text = std::getenv(name);
-  return text && *text ? std::strtoull(text, nullptr, 0) : fallback;
-}
+using gpumem_test::env_number;
 
 std::size_t ops_per_config() {
   const std::uint64_t total = env_number("GPUMEM_PROPERTY_OPS", 1000000);

@@ -8,6 +8,8 @@
 // GPUMEM_THREAD_OPS sets the operations per test, shared among its threads (default 200,000).
 #include <catch2/catch.hpp>
 
+#include "env_settings.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -49,10 +51,7 @@ constexpr int kThreads = 4;
 constexpr StreamId kStreams = 5;
 constexpr int kEventQueries = 2;  // events complete on their second query: frees are held a while
 
-std::size_t total_ops() {
-  const char* text = std::getenv("GPUMEM_THREAD_OPS");
-  return text && *text ? std::strtoull(text, nullptr, 0) : 200000;
-}
+std::size_t total_ops() { return gpumem_test::env_number("GPUMEM_THREAD_OPS", 200000); }
 
 // Log-uniform from 512 B to 16 MiB: both pools, and requests that need a segment of their own.
 std::size_t draw_size(std::mt19937_64& rng) {
