@@ -51,16 +51,19 @@ void* CachingAllocator::raw_alloc(int device, std::size_t size, StreamId stream)
   return block->ptr();
 }
 
+Block* CachingAllocator::take_raw(void* ptr) {
+  Shard& s = shard(ptr);
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto it = s.blocks.find(ptr);
+  if (it == s.blocks.end()) return nullptr;
+  Block* block = it->second;
+  s.blocks.erase(it);
+  return block;
+}
+
 void CachingAllocator::raw_free(void* ptr) {
-  Block* block = nullptr;
-  {
-    Shard& s = shard(ptr);
-    std::lock_guard<std::mutex> lock(s.mutex);
-    auto it = s.blocks.find(ptr);
-    if (it == s.blocks.end()) throw std::invalid_argument("gpumem: raw_free of a pointer that raw_alloc did not return");
-    block = it->second;
-    s.blocks.erase(it);
-  }
+  Block* block = take_raw(ptr);
+  if (!block) throw std::invalid_argument("gpumem: raw_free of a pointer that raw_alloc did not return");
   free(block);
 }
 

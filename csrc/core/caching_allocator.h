@@ -32,6 +32,8 @@ class CachingAllocator {
   void* raw_alloc(int device, std::size_t size, StreamId stream);
   void raw_free(void* ptr);
   Block* find_raw(void* ptr) const;
+  // Takes `ptr` out of the raw table and returns its block (still allocated), or nullptr.
+  Block* take_raw(void* ptr);
 
  private:
   static constexpr std::size_t kShards = 16;

@@ -168,7 +168,7 @@ void* TorchAllocator::raw_alloc_on(int device, size_t nbytes, StreamId stream) {
 
 void TorchAllocator::raw_delete(void* ptr) {
   if (!ptr) return;
-  if (const Block* block = core_.find_raw(ptr)) {
+  if (Block* block = core_.take_raw(ptr)) {
     if (C10_UNLIKELY(history_.active())) {
       const int device = block->segment->owner->device();
       record(History::Action::FREE_REQUESTED, device, ptr, block->requested, block->stream, block->segment->pool->id);
@@ -176,7 +176,7 @@ void TorchAllocator::raw_delete(void* ptr) {
         record(History::Action::FREE_COMPLETED, device, ptr, block->requested, block->stream, block->segment->pool->id);
       }
     }
-    with_c10_errors([&] { core_.raw_free(ptr); });
+    with_c10_errors([&] { CachingAllocator::free(block); });
     return;
   }
   // A private-pool block whose DataPtr torch let go of: cudagraph trees free those by address.

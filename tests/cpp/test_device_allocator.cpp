@@ -513,6 +513,23 @@ TEST_CASE("raw_alloc hands out an address that raw_free gives back", "[caching_a
   ca.device(0).check_invariants();
 }
 
+TEST_CASE("take_raw forgets the address and leaves its block allocated", "[caching_allocator]") {
+  SimBackend backend(kDeviceBytes);
+  CachingAllocator ca(backend);
+  void* p = ca.raw_alloc(0, 4096, kStream0);
+  int local = 0;
+  REQUIRE(ca.take_raw(&local) == nullptr);
+  Block* b = ca.take_raw(p);
+  REQUIRE(b != nullptr);
+  REQUIRE(b->ptr() == p);
+  REQUIRE(b->allocated);
+  REQUIRE(ca.find_raw(p) == nullptr);
+  REQUIRE(ca.take_raw(p) == nullptr);
+  CachingAllocator::free(b);
+  REQUIRE(ca.device(0).stats().allocated_bytes[kAll].current == 0);
+  ca.device(0).check_invariants();
+}
+
 TEST_CASE("raw_free of an address raw_alloc did not hand out throws", "[caching_allocator]") {
   SimBackend backend(kDeviceBytes);
   CachingAllocator ca(backend);
