@@ -39,6 +39,28 @@ class Backend {
   virtual void destroy_event(int device, EventId event) = 0;
   // Waits for all work on the device.
   virtual void synchronize(int device) = 0;
+
+  // ---- Virtual memory, for growable segments (see core/growable.cpp) ----
+  // A backend without it keeps these defaults: page_size 0 means "not supported", and the
+  // allocator then uses plain segments only.
+
+  // The mapping granularity on `device` in bytes (a power of two), or 0 if the device cannot map
+  // physical pages into reserved address ranges.
+  virtual std::size_t page_size(int /*device*/) { return 0; }
+  // An address range of `bytes` (a multiple of the page size), aligned to the page size, with no
+  // memory behind it; nullptr when no range can be had. Other failures throw.
+  virtual void* reserve_address(int /*device*/, std::size_t /*bytes*/) { return nullptr; }
+  // Gives back a range reserve_address returned; none of its pages is mapped.
+  virtual void release_address(int /*device*/, void* /*ptr*/, std::size_t /*bytes*/) {}
+  // Backs [ptr, ptr + bytes) (page-aligned, inside a reserved range, not mapped) with new physical
+  // pages readable and writable by `device` and by every peer granted so far. False when the device
+  // has no memory for them; then nothing of the range stays mapped. Other failures throw.
+  virtual bool map(int /*device*/, void* /*ptr*/, std::size_t /*bytes*/) { return false; }
+  // Returns the pages of [ptr, ptr + bytes) (page-aligned, mapped) to the device. The caller has
+  // synchronized the device: no queued work touches them.
+  virtual void unmap(int /*device*/, void* /*ptr*/, std::size_t /*bytes*/) {}
+  // From now on `peer` may access every page mapped on `device`, those mapped already included.
+  virtual void grant_peer(int /*device*/, int /*peer*/) {}
 };
 
 }  // namespace gpumem

@@ -47,12 +47,14 @@ struct Block {
   Block* prev = nullptr;           // neighbours in address order within the segment
   Block* next = nullptr;
   bool allocated = false;
+  bool mapped = true;              // false: an unmapped stretch of a growable segment (free, no memory)
   int pending_events = 0;          // freed by the caller, still in use on other streams
   FreeLink where;                  // its place in the free set, valid while it is free
   std::vector<StreamId> stream_uses;  // streams other than `stream` that used the block
 
   void* ptr() const { return reinterpret_cast<void*>(addr); }
   bool is_free() const { return !allocated && pending_events == 0; }
+  bool is_cached() const { return is_free() && mapped; }  // free memory that is reserved
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
 
@@ -156,10 +158,15 @@ struct Pool {
   PoolId id;
   FreeBlocks small_blocks;
   FreeBlocks large_blocks;
+  FreeBlocks unmapped_small;   // unmapped blocks of growable segments, by the segment's size class
+  FreeBlocks unmapped_large;
   int use_count = 0;   // private pools: holders (graphs, MemPools); 0 means its cache may go
   int segments = 0;
 
   FreeBlocks& blocks_for(bool small) { return small ? small_blocks : large_blocks; }
+  FreeBlocks& unmapped_for(bool small) { return small ? unmapped_small : unmapped_large; }
+  const FreeBlocks& blocks_for(bool small) const { return small ? small_blocks : large_blocks; }
+  const FreeBlocks& unmapped_for(bool small) const { return small ? unmapped_small : unmapped_large; }
 };
 
 struct Segment {
@@ -168,11 +175,14 @@ struct Segment {
   StreamId stream = 0;
   Pool* pool = nullptr;
   bool small = false;            // small-pool segment
+  bool growable = false;         // an address range mapped page by page (see core/growable.cpp)
+  std::size_t mapped = 0;        // bytes backed by memory: `size` for a plain segment
   std::uint64_t serial = 0;      // creation order: lower is older
   Block* head = nullptr;
   DeviceAllocator* owner = nullptr;
 
-  bool is_unused() const { return head->is_free() && head->size == size; }
+  // A plain segment that is one free block: it can go back to the device whole.
+  bool is_unused() const { return !growable && head->is_free() && head->size == size; }
 };
 
 }  // namespace gpumem

@@ -27,6 +27,8 @@ DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorCo
   }
   cap_.set_limit(config.limit.value_or(device_total_));
   release_threshold_ = config.release_threshold;
+  page_size_ = backend_.page_size(device);
+  growable_ = config.growable;
 }
 
 DeviceAllocator::~DeviceAllocator() {
@@ -382,6 +384,16 @@ void DeviceAllocator::set_release_threshold(double share) {
 double DeviceAllocator::release_threshold() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return release_threshold_;
+}
+
+void DeviceAllocator::set_growable(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  growable_ = on;
+}
+
+bool DeviceAllocator::growable() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return growable_ && page_size_ > 0;
 }
 
 // ---- statistics and views ----

@@ -36,6 +36,9 @@ struct AllocatorConfig {
   // In (0, 1]: once reserved passes this share of the limit, the oldest cached free segments are
   // released until it is back under. 0 turns it off.
   double release_threshold = 0.0;
+  // New memory comes from growable segments where the backend can map pages (the default), else
+  // from plain segments. See core/growable.cpp.
+  bool growable = true;
 };
 
 // Throws LimitSpecError unless `share` is a release threshold: in (0, 1], or 0 (off).
@@ -54,6 +57,7 @@ struct SegmentInfo {
   StreamId stream;
   PoolId pool;
   bool small;
+  bool growable;  // a mapped stretch of a growable segment: one SegmentInfo per stretch
   std::vector<BlockInfo> blocks;
 };
 
@@ -87,6 +91,13 @@ class DeviceAllocator {
   std::size_t reserved() const { return cap_.reserved(); }
   void set_release_threshold(double share);
   double release_threshold() const;
+
+  // Whether new memory of the default pool comes from growable segments. Asking for them where the
+  // backend cannot map pages keeps plain segments; memory already reserved stays as it is.
+  void set_growable(bool on);
+  bool growable() const;                       // in effect: asked for and supported
+  bool growable_supported() const { return page_size_ > 0; }
+  std::size_t page_size() const { return page_size_; }
 
   DeviceStats stats() const;
   void reset_peak_stats();
@@ -125,6 +136,8 @@ class DeviceAllocator {
   Block* try_cached(Pool& pool, bool small, StreamId stream, std::size_t size);
   Block* try_new_segment(Pool& pool, bool small, StreamId stream, std::size_t size);
   Block* reserve_segment(Pool& pool, bool small, StreamId stream, std::size_t bytes);
+  Block* try_new_memory(Pool& pool, bool small, StreamId stream, std::size_t size);
+  Segment* add_segment(Pool& pool, bool small, StreamId stream, std::uintptr_t addr, std::size_t size);
   Block* place(Block* block, std::size_t size, std::size_t requested);
   [[noreturn]] void throw_oom(std::size_t requested, std::size_t size);
 
@@ -133,6 +146,19 @@ class DeviceAllocator {
   void process_events();
   void synchronize_and_process_events();
 
+  // Growable segments (core/growable.cpp).
+  bool uses_growable(const Pool& pool) const;
+  Block* try_grow(Pool& pool, bool small, StreamId stream, std::size_t size);
+  Block* choose_unmapped(Pool& pool, bool small, StreamId stream, std::size_t size) const;
+  Block* reserve_growable(Pool& pool, bool small, StreamId stream, std::size_t size);
+  Block* map_front(Block* unmapped, std::size_t size);
+  std::size_t unmap_block(Block* block);
+  std::vector<Block*> unmappable_blocks() const;
+  std::size_t unmap_free_pages(std::size_t bytes, bool largest_first);
+  void drop_unmapped_segments();
+  void release_growable(Segment* segment);
+
+  bool releasable_pool(const Pool& pool) const;
   bool releasable(const Segment& segment) const;
   std::vector<Segment*> unused_segments() const;
   void release_segment(Segment* segment);
@@ -162,6 +188,8 @@ class DeviceAllocator {
   std::deque<PendingFree> pending_;
   std::vector<Block*> deferred_;                // freed with stream uses while a pool target was active
   std::size_t device_total_ = 0;
+  std::size_t page_size_ = 0;                   // the backend's mapping granularity; 0: no growable segments
+  bool growable_ = false;                       // asked for (in effect only if page_size_ > 0)
   bool device_refused_ = false;                 // during this malloc, the backend said no
 };
 
