@@ -431,7 +431,7 @@ std::vector<SegmentInfo> DeviceAllocator::snapshot() const {
   std::vector<SegmentInfo> out;
   out.reserve(segments_.size());
   for (const auto& [addr, segment] : segments_) {
-    SegmentInfo info{segment->addr, segment->size, segment->stream, segment->pool->id, segment->small, {}};
+    SegmentInfo info{segment->addr, segment->size, segment->stream, segment->pool->id, segment->small, segment->growable, {}};
     for (const Block* b = segment->head; b; b = b->next) {
       const auto state = b->allocated ? BlockInfo::kAllocated : (b->pending_events > 0 ? BlockInfo::kPendingFree : BlockInfo::kFree);
       info.blocks.push_back({b->addr, b->size, b->requested, state});
