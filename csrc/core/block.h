@@ -104,6 +104,13 @@ class FreeBlocks {
       for (const Block* b = first(*bins); b; b = next(*bins, b)) f(b);
     }
   }
+  // The blocks of one stream, smallest first.
+  template <typename F>
+  void for_each_on(StreamId stream, F f) const {
+    if (const StreamBins* bins = find_slow(stream)) {
+      for (const Block* b = first(*bins); b; b = next(*bins, b)) f(b);
+    }
+  }
 
   // Size classes: one per 512 bytes up to 1 MiB, then 16 per power of two up to 2^64.
   static constexpr unsigned kExactClasses = kSmallSize / kMinBlockSize;

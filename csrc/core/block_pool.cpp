@@ -350,6 +350,7 @@ Block* split_block(Block* block, std::size_t size, BlockArena& arena) {
   rest->size = block->size - size;
   rest->stream = block->stream;
   rest->segment = block->segment;
+  rest->mapped = block->mapped;
   rest->prev = block;
   rest->next = block->next;
   if (rest->next) rest->next->prev = rest;
@@ -372,12 +373,12 @@ void absorb(Block* earlier, Block* later, BlockArena& arena) {
 
 Merge merge_free_neighbours(Block* block, FreeBlocks& blocks, BlockArena& arena) {
   Merge merge{block, {0, 0}, 0};
-  if (Block* next = block->next; next && next->is_free()) {
+  if (Block* next = block->next; next && next->is_free() && next->mapped == block->mapped) {
     merge.absorbed[merge.absorbed_count++] = next->size;
     blocks.erase(next);
     absorb(block, next, arena);
   }
-  if (Block* prev = block->prev; prev && prev->is_free()) {
+  if (Block* prev = block->prev; prev && prev->is_free() && prev->mapped == block->mapped) {
     merge.absorbed[merge.absorbed_count++] = prev->size;
     blocks.erase(prev);
     absorb(prev, block, arena);

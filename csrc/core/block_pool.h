@@ -33,10 +33,11 @@ class BlockArena {
 // is the rest, linked after it in the segment.
 Block* split_block(Block* block, std::size_t size, BlockArena& arena);
 
-// Merges `block` (free, not in any set) with its free neighbours, taking them out of `blocks`.
+// Merges `block` (free, not in any set) with its free neighbours of the same state (mapped or not),
+// taking them out of `blocks`, the set of that state.
 struct Merge {
   Block* block;                // the merged block: the lowest of those merged
-  std::size_t absorbed[2];     // sizes of the neighbours folded in (each was an inactive split block)
+  std::size_t absorbed[2];     // sizes of the neighbours folded in (each, if mapped, was an inactive split block)
   int absorbed_count;
 };
 Merge merge_free_neighbours(Block* block, FreeBlocks& blocks, BlockArena& arena);

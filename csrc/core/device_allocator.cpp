@@ -17,6 +17,17 @@ void check_release_threshold(double share) {
   }
 }
 
+namespace {
+
+// The block after the mapped stretch that starts at `first`, or nullptr at the segment's end.
+const Block* stretch_end(const Block* first) {
+  const Block* end = first;
+  while (end && end->mapped) end = end->next;
+  return end;
+}
+
+}  // namespace
+
 DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorConfig& config)
     : backend_(backend), device_(device), cap_(0), release_threshold_(0.0) {
   device_total_ = backend_.mem_info(device).total;
@@ -34,7 +45,24 @@ DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorCo
 DeviceAllocator::~DeviceAllocator() {
   // The owner is going away: give everything back, live blocks included.
   for (const PendingFree& p : pending_) backend_.destroy_event(device_, p.event);
-  for (auto& [addr, segment] : segments_) backend_.release(device_, segment->head->ptr(), segment->size);
+  for (auto& [addr, segment] : segments_) {
+    if (!segment->growable) {
+      backend_.release(device_, segment->head->ptr(), segment->size);
+      continue;
+    }
+    // Mapped stretches start and end on page boundaries: unmapped blocks are whole pages.
+    for (const Block* b = segment->head; b;) {
+      if (!b->mapped) {
+        b = b->next;
+        continue;
+      }
+      const Block* end = stretch_end(b);
+      const std::uintptr_t stop = end ? end->addr : segment->addr + segment->size;
+      backend_.unmap(device_, b->ptr(), stop - b->addr);
+      b = end;
+    }
+    backend_.release_address(device_, segment->head->ptr(), segment->size);
+  }
 }
 
 // ---- malloc: the fallback chain ----
@@ -64,18 +92,18 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream) {
   if (block) return place(block, size, requested);
   const auto allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAll].current);
   if (!fits_under(allocated, size, cap_.limit())) throw_oom(requested, size);
-  block = try_new_segment(pool, small, stream, size);
+  block = try_new_memory(pool, small, stream, size);
   bool retried = false;
-  if (!block && release_for(tight_segment_size(size))) {
+  if (!block && release_for(pool, size)) {
     retried = true;
-    block = try_new_segment(pool, small, stream, size);
+    block = try_new_memory(pool, small, stream, size);
   }
   if (!block && pool_targets_.empty()) {
     retried = true;
     synchronize_and_process_events();
     release_all_unused();
     block = try_cached(pool, small, stream, size);
-    if (!block) block = try_new_segment(pool, small, stream, size);
+    if (!block) block = try_new_memory(pool, small, stream, size);
   }
   if (retried) ++stats_.num_alloc_retries;
   if (!block) throw_oom(requested, size);
@@ -121,26 +149,37 @@ Block* DeviceAllocator::reserve_segment(Pool& pool, bool small, StreamId stream,
     device_refused_ = true;
     return nullptr;
   }
+  Segment* segment = add_segment(pool, small, stream, reinterpret_cast<std::uintptr_t>(ptr), bytes);
+  segment->mapped = bytes;
+  increase_stat(stats_.segment, small, 1);
+  increase_stat(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
+  ++stats_.num_device_alloc;
+  return segment->head;
+}
+
+// New memory for the pool: pages of a growable segment where the pool uses them, else a segment.
+Block* DeviceAllocator::try_new_memory(Pool& pool, bool small, StreamId stream, std::size_t size) {
+  return uses_growable(pool) ? try_grow(pool, small, stream, size) : try_new_segment(pool, small, stream, size);
+}
+
+// Files a segment of [addr, addr + size) under the pool, as one block; statistics are the caller's.
+Segment* DeviceAllocator::add_segment(Pool& pool, bool small, StreamId stream, std::uintptr_t addr, std::size_t size) {
   auto segment = std::make_unique<Segment>();
-  segment->addr = reinterpret_cast<std::uintptr_t>(ptr);
-  segment->size = bytes;
+  segment->addr = addr;
+  segment->size = size;
   segment->stream = stream;
   segment->pool = &pool;
   segment->small = small;
   segment->serial = next_serial_++;
   segment->owner = this;
   Block* head = arena_.make();
-  head->addr = segment->addr;
-  head->size = bytes;
+  head->addr = addr;
+  head->size = size;
   head->stream = stream;
   head->segment = segment.get();
   segment->head = head;
-  segments_.emplace(segment->addr, std::move(segment));
   ++pool.segments;
-  increase_stat(stats_.segment, small, 1);
-  increase_stat(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
-  ++stats_.num_device_alloc;
-  return head;
+  return segments_.emplace(addr, std::move(segment)).first->second.get();
 }
 
 // Hands out the front of `block`, returning the rest to the pool when it is worth keeping.
@@ -265,8 +304,12 @@ void DeviceAllocator::synchronize_and_process_events() {
 
 // ---- releasing cached segments ----
 
+bool DeviceAllocator::releasable_pool(const Pool& pool) const {
+  return &pool == &default_pool_ || pool.use_count == 0;
+}
+
 bool DeviceAllocator::releasable(const Segment& segment) const {
-  return segment.is_unused() && (segment.pool == &default_pool_ || segment.pool->use_count == 0);
+  return segment.is_unused() && releasable_pool(*segment.pool);
 }
 
 std::vector<Segment*> DeviceAllocator::unused_segments() const {
@@ -290,33 +333,46 @@ void DeviceAllocator::release_segment(Segment* segment) {
   segments_.erase(segment->addr);
 }
 
-std::size_t DeviceAllocator::release_oldest_until(std::size_t reserved_target) {
+// Gives cached memory back, oldest first, until reserved is at most `reserved_target`: whole plain
+// segments, then the free pages of growable ones.
+bool DeviceAllocator::release_oldest_until(std::size_t reserved_target) {
   std::vector<Segment*> unused = unused_segments();
   sort_oldest_first(unused);
-  std::size_t released = 0;
+  bool released = false;
   for (Segment* s : unused) {
     if (cap_.reserved() <= reserved_target) break;
     release_segment(s);
-    ++released;
+    released = true;
   }
-  if (released > 0) ++stats_.num_cache_releases;
+  if (cap_.reserved() > reserved_target && unmap_free_pages(cap_.reserved() - reserved_target, false) > 0) {
+    released = true;
+  }
+  if (released) ++stats_.num_cache_releases;
   return released;
 }
 
-std::size_t DeviceAllocator::release_all_unused() {
-  return release_oldest_until(0);
+bool DeviceAllocator::release_all_unused() {
+  const bool released = release_oldest_until(0);
+  drop_unmapped_segments();
+  return released;
 }
 
-// Frees room for a segment of `segment_bytes`: under the cap, what the cap lacks; when the device
-// itself refused, as much as the segment (its free memory is not the cap's to know).
-bool DeviceAllocator::release_for(std::size_t segment_bytes) {
+// Frees room for a request of `size` in `pool`: under the cap, what the cap lacks for the memory the
+// request would add; when the device itself refused, as much as that memory (its free memory is
+// not the cap's to know). Plain segments first, by the release policy; then free pages.
+bool DeviceAllocator::release_for(const Pool& pool, std::size_t size) {
+  const std::size_t bytes = uses_growable(pool) ? round_up(size, page_size_) : tight_segment_size(size);
   // Reserved may stand above a lowered limit: the shortfall counts from there, not from zero headroom.
-  const std::size_t after = cap_.reserved() + segment_bytes, limit = cap_.limit();
-  const std::size_t need = device_refused_ ? segment_bytes : (after > limit ? after - limit : 0);
+  const std::size_t after = cap_.reserved() + bytes, limit = cap_.limit();
+  const std::size_t need = device_refused_ ? bytes : (after > limit ? after - limit : 0);
   if (need == 0) return false;
-  const std::vector<Segment*> chosen = choose_for_bytes(unused_segments(), need);
-  for (Segment* s : chosen) release_segment(s);
-  if (chosen.empty()) return false;
+  std::size_t freed = 0;
+  for (Segment* s : choose_for_bytes(unused_segments(), need)) {
+    freed += s->size;
+    release_segment(s);
+  }
+  if (freed < need) freed += unmap_free_pages(need - freed, true);
+  if (freed == 0) return false;
   ++stats_.num_cache_releases;
   return true;
 }
@@ -426,17 +482,35 @@ std::size_t DeviceAllocator::largest_free_block() const {
 
 MemInfo DeviceAllocator::device_mem_info() { return backend_.mem_info(device_); }
 
+namespace {
+
+BlockInfo info_of(const Block& b) {
+  const auto state = b.allocated ? BlockInfo::kAllocated : (b.pending_events > 0 ? BlockInfo::kPendingFree : BlockInfo::kFree);
+  return {b.addr, b.size, b.requested, state};
+}
+
+}  // namespace
+
+// A plain segment is one SegmentInfo; a growable one, one per mapped stretch, so the segments of a
+// snapshot add up to the reserved bytes.
 std::vector<SegmentInfo> DeviceAllocator::snapshot() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<SegmentInfo> out;
   out.reserve(segments_.size());
   for (const auto& [addr, segment] : segments_) {
-    SegmentInfo info{segment->addr, segment->size, segment->stream, segment->pool->id, segment->small, segment->growable, {}};
-    for (const Block* b = segment->head; b; b = b->next) {
-      const auto state = b->allocated ? BlockInfo::kAllocated : (b->pending_events > 0 ? BlockInfo::kPendingFree : BlockInfo::kFree);
-      info.blocks.push_back({b->addr, b->size, b->requested, state});
+    for (const Block* b = segment->head; b;) {
+      if (!b->mapped) {
+        b = b->next;
+        continue;
+      }
+      const Block* end = stretch_end(b);
+      SegmentInfo info{b->addr, 0, segment->stream, segment->pool->id, segment->small, segment->growable, {}};
+      for (; b != end; b = b->next) {
+        info.size += b->size;
+        info.blocks.push_back(info_of(*b));
+      }
+      out.push_back(std::move(info));
     }
-    out.push_back(std::move(info));
   }
   return out;
 }
@@ -448,7 +522,15 @@ std::optional<std::pair<std::uintptr_t, std::size_t>> DeviceAllocator::segment_o
   if (it == segments_.begin()) return std::nullopt;
   const Segment& s = *std::prev(it)->second;
   if (addr >= s.addr + s.size) return std::nullopt;
-  return std::make_pair(s.addr, s.size);
+  if (!s.growable) return std::make_pair(s.addr, s.size);
+  // The mapped stretch holding `addr`.
+  for (const Block* b = s.head; b;) {
+    const Block* end = b->mapped ? stretch_end(b) : b->next;
+    const std::uintptr_t stop = end ? end->addr : s.addr + s.size;
+    if (addr < stop) return b->mapped ? std::make_optional(std::make_pair(b->addr, stop - b->addr)) : std::nullopt;
+    b = end;
+  }
+  return std::nullopt;
 }
 
 // ---- private pools ----

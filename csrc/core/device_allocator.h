@@ -149,7 +149,7 @@ class DeviceAllocator {
   // Growable segments (core/growable.cpp).
   bool uses_growable(const Pool& pool) const;
   Block* try_grow(Pool& pool, bool small, StreamId stream, std::size_t size);
-  Block* choose_unmapped(Pool& pool, bool small, StreamId stream, std::size_t size) const;
+  Block* choose_unmapped(const Pool& pool, bool small, StreamId stream, std::size_t size) const;
   Block* reserve_growable(Pool& pool, bool small, StreamId stream, std::size_t size);
   Block* map_front(Block* unmapped, std::size_t size);
   std::size_t unmap_block(Block* block);
@@ -162,9 +162,9 @@ class DeviceAllocator {
   bool releasable(const Segment& segment) const;
   std::vector<Segment*> unused_segments() const;
   void release_segment(Segment* segment);
-  std::size_t release_oldest_until(std::size_t reserved_target);
-  std::size_t release_all_unused();
-  bool release_for(std::size_t segment_bytes);
+  bool release_oldest_until(std::size_t reserved_target);
+  bool release_all_unused();
+  bool release_for(const Pool& pool, std::size_t size);
   void set_limit_locked(std::size_t limit);
   void apply_release_threshold();
   bool is_target(const Pool* pool) const;

@@ -11,7 +11,8 @@ namespace {
 
 struct Recount {
   DeviceStats stats;
-  std::map<const Pool*, std::size_t> free_blocks;  // per pool, both size classes
+  std::map<const Pool*, std::size_t> free_blocks;      // cached blocks per pool, both size classes
+  std::map<const Pool*, std::size_t> unmapped_blocks;  // per pool, both size classes
 };
 
 [[noreturn]] void broken(int device, const std::string& what, std::uintptr_t addr) {
@@ -21,6 +22,7 @@ struct Recount {
 }
 
 void count_block(Recount& r, const Block& b, bool small) {
+  if (!b.mapped) return;  // no memory: in no statistic
   const auto bytes = static_cast<std::int64_t>(b.size);
   if (b.allocated) {
     increase_stat(r.stats.allocation, small, 1);
@@ -36,27 +38,54 @@ void count_block(Recount& r, const Block& b, bool small) {
   }
 }
 
-void check_segment(int device, const Segment& s, Recount& r) {
+// An unmapped block: free, whole pages of a growable segment, in its pool's unmapped set only.
+void check_unmapped(int device, const Segment& s, const Block& b, std::size_t page) {
+  if (!s.growable) broken(device, "unmapped block in a plain segment", b.addr);
+  if (!b.is_free()) broken(device, "unmapped block is in use", b.addr);
+  if ((b.addr - s.addr) % page != 0 || b.size % page != 0) broken(device, "unmapped block is not whole pages", b.addr);
+  if (!s.pool->unmapped_for(s.small).contains(&b)) broken(device, "unmapped block missing from its pool", b.addr);
+  if (s.pool->blocks_for(s.small).contains(&b)) broken(device, "unmapped block in a free set", b.addr);
+}
+
+void check_block(int device, const Segment& s, const Block* b) {
+  if (b->segment != &s) broken(device, "block points to another segment", b->addr);
+  if (b->stream != s.stream) broken(device, "block stream differs from its segment's", b->addr);
+  if (b->next && b->next->prev != b) broken(device, "block list links disagree", b->addr);
+  if (b->next && b->addr + b->size != b->next->addr) broken(device, "blocks are not contiguous", b->addr);
+  if (b->next && b->is_free() && b->next->is_free() && b->mapped == b->next->mapped) {
+    broken(device, "two free neighbours were not merged", b->addr);
+  }
+  if (b->size == 0 || b->size % 512 != 0) broken(device, "block size is not a positive multiple of 512", b->addr);
+  if (s.pool->blocks_for(!s.small).contains(b) || s.pool->unmapped_for(!s.small).contains(b)) {
+    broken(device, "free block in the wrong size class", b->addr);
+  }
+}
+
+void check_segment(int device, const Segment& s, std::size_t page, Recount& r) {
   if (!s.head || s.head->prev || s.head->addr != s.addr) broken(device, "segment head is not its first block", s.addr);
+  if (s.growable && (page == 0 || s.addr % page != 0 || s.size % page != 0)) {
+    broken(device, "growable segment is not whole pages", s.addr);
+  }
   increase_stat(r.stats.segment, s.small, 1);
-  increase_stat(r.stats.reserved_bytes, s.small, static_cast<std::int64_t>(s.size));
-  std::size_t total = 0;
+  increase_stat(r.stats.reserved_bytes, s.small, static_cast<std::int64_t>(s.mapped));
+  std::size_t total = 0, unmapped = 0;
   for (const Block* b = s.head; b; b = b->next) {
-    if (b->segment != &s) broken(device, "block points to another segment", b->addr);
-    if (b->stream != s.stream) broken(device, "block stream differs from its segment's", b->addr);
-    if (b->next && b->next->prev != b) broken(device, "block list links disagree", b->addr);
-    if (b->next && b->addr + b->size != b->next->addr) broken(device, "blocks are not contiguous", b->addr);
-    if (b->next && b->is_free() && b->next->is_free()) broken(device, "two free neighbours were not merged", b->addr);
-    if (b->size == 0 || b->size % 512 != 0) broken(device, "block size is not a positive multiple of 512", b->addr);
+    check_block(device, s, b);
+    total += b->size;
+    if (!b->mapped) {
+      check_unmapped(device, s, *b, page);
+      ++r.unmapped_blocks[s.pool];
+      unmapped += b->size;
+      continue;
+    }
     const bool in_own = s.pool->blocks_for(s.small).contains(b);
-    const bool in_other = s.pool->blocks_for(!s.small).contains(b);
-    if (in_other) broken(device, "free block in the wrong size class", b->addr);
     if (in_own != b->is_free()) broken(device, b->is_free() ? "free block missing from its pool" : "used block in a free set", b->addr);
+    if (s.pool->unmapped_for(s.small).contains(b)) broken(device, "mapped block in an unmapped set", b->addr);
     if (b->is_free()) ++r.free_blocks[s.pool];
     count_block(r, *b, s.small);
-    total += b->size;
   }
   if (total != s.size) broken(device, "block sizes do not sum to the segment size", s.addr);
+  if (s.mapped != s.size - unmapped) broken(device, "mapped bytes differ from the segment less its unmapped blocks", s.addr);
 }
 
 void compare(int device, const char* name, const StatArray& kept, const StatArray& recounted) {
@@ -76,13 +105,17 @@ void DeviceAllocator::check_invariants_locked() const {
   Recount r;
   for (const auto& [addr, segment] : segments_) {
     if (addr != segment->addr) broken(device_, "segment filed under the wrong address", addr);
-    check_segment(device_, *segment, r);
+    check_segment(device_, *segment, page_size_, r);
   }
   const auto check_pool = [&](const Pool& pool) {
-    pool.small_blocks.check();
-    pool.large_blocks.check();
+    for (const FreeBlocks* set : {&pool.small_blocks, &pool.large_blocks, &pool.unmapped_small, &pool.unmapped_large}) {
+      set->check();
+    }
     const std::size_t in_sets = pool.small_blocks.size() + pool.large_blocks.size();
     if (in_sets != r.free_blocks[&pool]) broken(device_, "a free set holds blocks that are not free blocks of its segments", 0);
+    if (pool.unmapped_small.size() + pool.unmapped_large.size() != r.unmapped_blocks[&pool]) {
+      broken(device_, "an unmapped set holds blocks that are not unmapped blocks of its segments", 0);
+    }
   };
   check_pool(default_pool_);
   for (const auto& [id, pool] : private_pools_) check_pool(*pool);

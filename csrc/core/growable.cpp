@@ -1,0 +1,217 @@
+// Growable segments: memory that grows and shrinks in place, page by page.
+//
+// Design note. Under a cap, plain segments fail jobs that would fit: once memory is cut into
+// segments, a request larger than every free hole needs a new segment, and the cap may have no
+// room for one even though the holes together would hold it. Releasing a cached segment only helps
+// when a whole segment is free. A growable segment removes both limits. It is an address range as
+// large as the device (Backend::reserve_address), per stream and size class of the default pool,
+// backed by physical pages only where blocks need them (Backend::map), so
+//   - a request that no cached block holds maps just the pages it lacks at the end of a free block,
+//     growing that block in place instead of adding a segment;
+//   - free memory anywhere in a segment, not only whole segments, can go back to the device:
+//     the whole pages inside a free block are unmapped (Backend::unmap), and live neighbours stay.
+// Reserved bytes, and the cap, count mapped bytes.
+//
+// In a growable segment, blocks tile the whole address range as in a plain one. A block is either
+// mapped (allocated, pending or cached free memory) or unmapped: a free stretch with no memory
+// behind it, kept in the pool's unmapped set. Unmapped blocks start and end on page boundaries
+// (they are made by unmapping whole pages), so every page is either wholly under an unmapped block
+// or mapped; a page may hold parts of two mapped blocks. Free neighbours merge only when both are
+// mapped or both unmapped.
+//
+// Private pools (CUDA graphs, MemPools) keep plain segments, as PyTorch's expandable segments do:
+// their checkpointing and replay rely on segments that never change. Unmapping needs the device
+// synchronized, so nothing is unmapped while a pool target is active (a graph may be capturing).
+#include <algorithm>
+#include <cstdint>
+
+#include "core/device_allocator.h"
+
+namespace gpumem {
+
+bool DeviceAllocator::uses_growable(const Pool& pool) const {
+  return growable_ && page_size_ > 0 && &pool == &default_pool_;
+}
+
+// A block of at least `size` bytes made by mapping pages, or nullptr if the cap or the device has
+// no room. Where no address range can be had, a plain segment instead.
+Block* DeviceAllocator::try_grow(Pool& pool, bool small, StreamId stream, std::size_t size) {
+  Block* unmapped = choose_unmapped(pool, small, stream, size);
+  const bool fresh = unmapped == nullptr;
+  if (fresh) unmapped = reserve_growable(pool, small, stream, size);
+  if (!unmapped) return try_new_segment(pool, small, stream, size);
+  Segment* segment = unmapped->segment;
+  Block* block = map_front(unmapped, size);
+  if (!block && fresh) release_growable(segment);
+  return block;
+}
+
+// The unmapped block that, mapped from its start and joined with its free mapped neighbours,
+// holds `size` bytes with the fewest new pages (the lowest address among equals); nullptr if none.
+Block* DeviceAllocator::choose_unmapped(const Pool& pool, bool small, StreamId stream, std::size_t size) const {
+  const Block* best = nullptr;
+  std::size_t best_need = 0;
+  pool.unmapped_for(small).for_each_on(stream, [&](const Block* u) {
+    const std::size_t before = u->prev && u->prev->is_cached() ? u->prev->size : 0;
+    const std::size_t after = u->next && u->next->is_cached() ? u->next->size : 0;
+    if (size <= before || before + u->size + after < size) return;
+    const std::size_t need = size - before <= u->size ? round_up(size - before, page_size_) : u->size;
+    if (!best || need < best_need || (need == best_need && u->addr < best->addr)) {
+      best = u;
+      best_need = need;
+    }
+  });
+  return const_cast<Block*>(best);
+}
+
+// A new growable segment for the pool and stream: an unmapped block spanning the device's size
+// (or the request, if larger); nullptr when the backend has no address range.
+Block* DeviceAllocator::reserve_growable(Pool& pool, bool small, StreamId stream, std::size_t size) {
+  const std::size_t bytes = round_up(std::max(device_total_, size), page_size_);
+  void* ptr = backend_.reserve_address(device_, bytes);
+  if (!ptr) return nullptr;
+  Segment* segment = add_segment(pool, small, stream, reinterpret_cast<std::uintptr_t>(ptr), bytes);
+  segment->growable = true;
+  segment->mapped = 0;
+  segment->head->mapped = false;
+  pool.unmapped_for(small).insert(segment->head);
+  increase_stat(stats_.segment, small, 1);
+  return segment->head;
+}
+
+// Maps the pages at the start of `unmapped` that, with its free mapped neighbours, make a block of
+// `size` bytes, and returns that merged block (in no set, not counted as inactive); nullptr if the
+// cap or the device refuses the pages.
+Block* DeviceAllocator::map_front(Block* unmapped, std::size_t size) {
+  Segment& segment = *unmapped->segment;
+  const bool small = segment.small;
+  const std::size_t before = unmapped->prev && unmapped->prev->is_cached() ? unmapped->prev->size : 0;
+  const std::size_t bytes = std::min(round_up(size - before, page_size_), unmapped->size);
+  if (!cap_.try_reserve(bytes)) return nullptr;
+  bool mapped = false;
+  try {
+    mapped = backend_.map(device_, unmapped->ptr(), bytes);
+  } catch (...) {
+    cap_.unreserve(bytes);
+    throw;
+  }
+  if (!mapped) {
+    cap_.unreserve(bytes);
+    device_refused_ = true;
+    return nullptr;
+  }
+  FreeBlocks& unmapped_set = segment.pool->unmapped_for(small);
+  unmapped_set.erase(unmapped);
+  if (bytes < unmapped->size) unmapped_set.insert(split_block(unmapped, bytes, arena_));
+  unmapped->mapped = true;
+  segment.mapped += bytes;
+  increase_stat(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
+  ++stats_.num_device_alloc;
+  const Merge merge = merge_free_neighbours(unmapped, segment.pool->blocks_for(small), arena_);
+  for (int i = 0; i < merge.absorbed_count; ++i) {
+    decrease_stat(stats_.inactive_split, small, 1);
+    decrease_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(merge.absorbed[i]));
+  }
+  return merge.block;
+}
+
+// Unmaps the whole pages inside `block` (cached, in a growable segment); the partial pages at its
+// ends stay mapped as cached blocks of their own. Returns the bytes unmapped. The device must be
+// synchronized.
+std::size_t DeviceAllocator::unmap_block(Block* block) {
+  Segment& segment = *block->segment;
+  const bool small = segment.small;
+  const std::uintptr_t lo = segment.addr + round_up(block->addr - segment.addr, page_size_);
+  const std::uintptr_t hi = segment.addr + (block->addr + block->size - segment.addr) / page_size_ * page_size_;
+  if (hi <= lo) return 0;
+  backend_.unmap(device_, reinterpret_cast<void*>(lo), hi - lo);
+  cap_.unreserve(hi - lo);
+  segment.mapped -= hi - lo;
+  decrease_stat(stats_.reserved_bytes, small, static_cast<std::int64_t>(hi - lo));
+  ++stats_.num_device_free;
+
+  FreeBlocks& cached = segment.pool->blocks_for(small);
+  cached.erase(block);
+  if (block->is_split()) {
+    decrease_stat(stats_.inactive_split, small, 1);
+    decrease_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(block->size));
+  }
+  Block* front = nullptr;
+  Block* back = nullptr;
+  Block* middle = block;
+  if (lo > block->addr) {
+    front = block;
+    middle = split_block(block, lo - block->addr, arena_);
+  }
+  if (hi < middle->addr + middle->size) back = split_block(middle, hi - middle->addr, arena_);
+  for (Block* remnant : {front, back}) {
+    if (!remnant) continue;
+    cached.insert(remnant);
+    increase_stat(stats_.inactive_split, small, 1);
+    increase_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(remnant->size));
+  }
+  middle->mapped = false;
+  FreeBlocks& unmapped_set = segment.pool->unmapped_for(small);
+  unmapped_set.insert(merge_free_neighbours(middle, unmapped_set, arena_).block);
+  return hi - lo;
+}
+
+// Cached blocks of growable segments that hold at least one whole page, oldest segment first and
+// in address order within one.
+std::vector<Block*> DeviceAllocator::unmappable_blocks() const {
+  std::vector<const Segment*> growable;
+  for (const auto& [addr, segment] : segments_) {
+    if (segment->growable && releasable_pool(*segment->pool)) growable.push_back(segment.get());
+  }
+  std::sort(growable.begin(), growable.end(), [](const Segment* a, const Segment* b) { return a->serial < b->serial; });
+  std::vector<Block*> blocks;
+  for (const Segment* s : growable) {
+    for (Block* b = s->head; b; b = b->next) {
+      const std::uintptr_t lo = s->addr + round_up(b->addr - s->addr, page_size_);
+      if (b->is_cached() && lo + page_size_ <= b->addr + b->size) blocks.push_back(b);
+    }
+  }
+  return blocks;
+}
+
+// Unmaps free pages until `bytes` are unmapped or none are left: from the largest free blocks first
+// (fewest calls, and small cached blocks are the likeliest to be reused), or the oldest first.
+// Returns the bytes unmapped. Synchronizes the device once, before the first page goes.
+std::size_t DeviceAllocator::unmap_free_pages(std::size_t bytes, bool largest_first) {
+  if (!pool_targets_.empty()) return 0;
+  std::vector<Block*> blocks = unmappable_blocks();
+  if (blocks.empty() || bytes == 0) return 0;
+  if (largest_first) {
+    std::stable_sort(blocks.begin(), blocks.end(), [](const Block* a, const Block* b) { return a->size > b->size; });
+  }
+  backend_.synchronize(device_);
+  ++stats_.num_sync_all_streams;
+  std::size_t unmapped = 0;
+  for (Block* b : blocks) {
+    if (unmapped >= bytes) break;
+    unmapped += unmap_block(b);
+  }
+  return unmapped;
+}
+
+// Gives back the address ranges of growable segments with no page mapped.
+void DeviceAllocator::drop_unmapped_segments() {
+  std::vector<Segment*> empty;
+  for (const auto& [addr, segment] : segments_) {
+    if (segment->growable && segment->mapped == 0 && releasable_pool(*segment->pool)) empty.push_back(segment.get());
+  }
+  for (Segment* s : empty) release_growable(s);
+}
+
+// Drops a growable segment with no page mapped (one unmapped block).
+void DeviceAllocator::release_growable(Segment* segment) {
+  Block* head = segment->head;
+  segment->pool->unmapped_for(segment->small).erase(head);
+  backend_.release_address(device_, head->ptr(), segment->size);
+  decrease_stat(stats_.segment, segment->small, 1);
+  --segment->pool->segments;
+  arena_.recycle(head);
+  segments_.erase(segment->addr);
+}
+
+}  // namespace gpumem
