@@ -262,7 +262,10 @@ void DeviceAllocator::free_block(Block* block) {
     increase_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(merge.block->size));
   }
   blocks.insert(merge.block);
-  if (release_threshold_ > 0.0 && merge.block->segment->is_unused()) apply_release_threshold();
+  // Something became releasable: a whole plain segment, or a free page of a growable one.
+  if (release_threshold_ > 0.0 && (merge.block->segment->is_unused() || holds_free_page(merge.block))) {
+    apply_release_threshold();
+  }
 }
 
 void DeviceAllocator::record_stream(Block* block, StreamId stream) {

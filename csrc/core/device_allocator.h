@@ -153,6 +153,7 @@ class DeviceAllocator {
   Block* reserve_growable(Pool& pool, bool small, StreamId stream, std::size_t size);
   Block* map_front(Block* unmapped, std::size_t size);
   std::size_t unmap_block(Block* block);
+  bool holds_free_page(const Block* block) const;
   std::vector<Block*> unmappable_blocks() const;
   std::size_t unmap_free_pages(std::size_t bytes, bool largest_first);
   void drop_unmapped_segments();

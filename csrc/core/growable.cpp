@@ -156,6 +156,13 @@ std::size_t DeviceAllocator::unmap_block(Block* block) {
   return hi - lo;
 }
 
+bool DeviceAllocator::holds_free_page(const Block* block) const {
+  const Segment& s = *block->segment;
+  if (!s.growable || !block->is_cached()) return false;
+  const std::uintptr_t first_page = s.addr + round_up(block->addr - s.addr, page_size_);
+  return first_page + page_size_ <= block->addr + block->size;
+}
+
 // Cached blocks of growable segments that hold at least one whole page, oldest segment first and
 // in address order within one.
 std::vector<Block*> DeviceAllocator::unmappable_blocks() const {
@@ -167,8 +174,7 @@ std::vector<Block*> DeviceAllocator::unmappable_blocks() const {
   std::vector<Block*> blocks;
   for (const Segment* s : growable) {
     for (Block* b = s->head; b; b = b->next) {
-      const std::uintptr_t lo = s->addr + round_up(b->addr - s->addr, page_size_);
-      if (b->is_cached() && lo + page_size_ <= b->addr + b->size) blocks.push_back(b);
+      if (holds_free_page(b)) blocks.push_back(b);
     }
   }
   return blocks;
