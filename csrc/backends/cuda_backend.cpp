@@ -2,9 +2,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 
+#include "backends/cuda_driver.h"
 #include "core/errors.h"
 
 namespace gpumem {
@@ -38,7 +41,8 @@ class DeviceScope {
 // While a CUDA graph is being captured in the global or thread-local mode (torch's), CUDA refuses
 // cudaMalloc and cudaMemGetInfo on the capturing thread. A private pool grows during capture, so
 // its segments are reserved then: relax the thread's mode around those calls, as PyTorch's own
-// allocator does. A segment reserved during capture is safe: replays reuse its address.
+// allocator does. A segment reserved during capture is safe: replays reuse its address. The mode
+// is the thread's, shared by the driver's calls, so the same holds for reserving and mapping pages.
 class RelaxedCaptureMode {
  public:
   RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
@@ -50,6 +54,109 @@ class RelaxedCaptureMode {
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
 };
 
+// ---- Virtual memory helpers --------------------------------------------------------------------
+
+CUmemAllocationProp pinned_on(int device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  return prop;
+}
+
+CUmemAccessDesc read_write_for(int device) {
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return access;
+}
+
+// The device's mapping granularity, or 0 where it cannot map pages or the driver cannot say:
+// either way the allocator falls back to plain segments, so nothing here throws.
+std::size_t query_page_size(int device) {
+  const DriverApi* api = find_driver();
+  if (!api) return 0;
+  CUdevice handle = 0;
+  int supported = 0;
+  if (api->cuDeviceGet(&handle, device) != CUDA_SUCCESS) return 0;
+  const CUdevice_attribute vmm = CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED;
+  if (api->cuDeviceGetAttribute(&supported, vmm, handle) != CUDA_SUCCESS || supported != 1) return 0;
+  const CUmemAllocationProp prop = pinned_on(device);
+  std::size_t page = 0;
+  if (api->cuMemGetAllocationGranularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) return 0;
+  return page;
+}
+
+// Unmaps [base, base + bytes) page by page: each page is a mapping of its own, and the driver
+// unmaps only whole mappings. Tries every page; returns the first failure.
+CUresult unmap_pages(const DriverApi& api, CUdeviceptr base, std::size_t bytes, std::size_t page) {
+  CUresult first = CUDA_SUCCESS;
+  for (std::size_t offset = 0; offset < bytes; offset += page) {
+    const CUresult status = api.cuMemUnmap(base + offset, page);
+    if (first == CUDA_SUCCESS) first = status;
+  }
+  return first;
+}
+
+// The pages one map() call has mapped so far. Unless kept they are unmapped when it goes, so a
+// map() that runs out of memory part way, or throws, leaves nothing mapped.
+class MappedPages {
+ public:
+  MappedPages(const DriverApi& api, int device, CUdeviceptr base, std::size_t page)
+      : api_(api), prop_(pinned_on(device)), base_(base), page_(page) {}
+  ~MappedPages() {
+    if (!kept_) unmap_pages(api_, base_, bytes_, page_);  // best effort: a destructor cannot throw
+  }
+  MappedPages(const MappedPages&) = delete;
+  MappedPages& operator=(const MappedPages&) = delete;
+
+  std::size_t bytes() const { return bytes_; }
+  void keep() { kept_ = true; }
+
+  // Backs the next page with new memory; false when the device has none left.
+  bool map_next() {
+    CUmemGenericAllocationHandle handle = 0;
+    const CUresult created = api_.cuMemCreate(&handle, page_, &prop_, 0);
+    if (created == CUDA_ERROR_OUT_OF_MEMORY) return false;
+    check_driver(created, "cuMemCreate");
+    const CUresult mapped = api_.cuMemMap(base_ + bytes_, page_, 0, handle, 0);
+    api_.cuMemRelease(handle);  // the mapping keeps the memory alive; cuMemUnmap frees it
+    check_driver(mapped, "cuMemMap");
+    bytes_ += page_;
+    return true;
+  }
+
+ private:
+  const DriverApi& api_;
+  const CUmemAllocationProp prop_;
+  const CUdeviceptr base_;
+  const std::size_t page_;
+  std::size_t bytes_ = 0;
+  bool kept_ = false;
+};
+
+// Lets `device` and its granted peers read and write [addr, addr + bytes).
+void allow_access(int device, const std::vector<int>& peers, CUdeviceptr addr, std::size_t bytes) {
+  std::vector<CUmemAccessDesc> access{read_write_for(device)};
+  for (int peer : peers) access.push_back(read_write_for(peer));
+  check_driver(driver().cuMemSetAccess(addr, bytes, access.data(), access.size()), "cuMemSetAccess");
+}
+
+// Drops [addr, addr + bytes) from the mapped ranges, keeping the parts of cut ranges outside it.
+void forget_mapped(std::map<std::uintptr_t, std::size_t>& mapped, std::uintptr_t addr, std::size_t bytes) {
+  const std::uintptr_t end = addr + bytes;
+  auto it = mapped.upper_bound(addr);
+  if (it != mapped.begin() && std::prev(it)->first + std::prev(it)->second > addr) --it;
+  while (it != mapped.end() && it->first < end) {
+    const std::uintptr_t start = it->first;
+    const std::uintptr_t stop = start + it->second;
+    it = mapped.erase(it);
+    if (start < addr) mapped.emplace(start, addr - start);
+    if (stop > end) mapped.emplace(end, stop - end);
+  }
+}
+
 }  // namespace
 
 CudaBackend::CudaBackend() {
@@ -58,6 +165,14 @@ CudaBackend::CudaBackend() {
     device_count_ = 0;
   }
   spare_events_.resize(device_count_);
+  vm_.resize(device_count_);
+}
+
+void CudaBackend::check_device(int device) const {
+  if (device < 0 || device >= device_count_) {
+    throw DeviceError("gpumem: CUDA device " + std::to_string(device) + " does not exist; this process sees " +
+                      std::to_string(device_count_) + " (CUDA_VISIBLE_DEVICES applies)");
+  }
 }
 
 void* CudaBackend::reserve(int device, std::size_t bytes) {
@@ -79,10 +194,7 @@ void CudaBackend::release(int device, void* ptr, std::size_t) {
 }
 
 MemInfo CudaBackend::mem_info(int device) {
-  if (device < 0 || device >= device_count_) {
-    throw DeviceError("gpumem: CUDA device " + std::to_string(device) + " does not exist; this process sees " +
-                      std::to_string(device_count_) + " (CUDA_VISIBLE_DEVICES applies)");
-  }
+  check_device(device);
   DeviceScope scope(device);
   RelaxedCaptureMode relaxed;
   MemInfo info;
@@ -125,6 +237,87 @@ void CudaBackend::destroy_event(int device, EventId event) {
 void CudaBackend::synchronize(int device) {
   DeviceScope scope(device);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+// ---- Virtual memory ---------------------------------------------------------------------------
+
+std::size_t CudaBackend::page_size(int device) {
+  check_device(device);
+  std::lock_guard<std::mutex> lock(vm_mutex_);
+  std::optional<std::size_t>& page = vm_[device].page;
+  if (!page) page = query_page_size(device);
+  return *page;
+}
+
+std::size_t CudaBackend::mapping_page(int device) {
+  const std::size_t page = page_size(device);
+  if (page == 0) {
+    throw std::logic_error("gpumem: CUDA device " + std::to_string(device) + " cannot map pages; page_size is 0");
+  }
+  return page;
+}
+
+void* CudaBackend::reserve_address(int device, std::size_t bytes) {
+  // Without virtual memory the backend answers as core/backend.h's default does.
+  const std::size_t page = page_size(device);
+  if (page == 0) return nullptr;
+  DeviceScope scope(device);
+  RelaxedCaptureMode relaxed;
+  CUdeviceptr addr = 0;
+  const CUresult status = driver().cuMemAddressReserve(&addr, bytes, page, 0, 0);
+  if (status == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
+  check_driver(status, "cuMemAddressReserve");
+  return reinterpret_cast<void*>(addr);
+}
+
+void CudaBackend::release_address(int device, void* ptr, std::size_t bytes) {
+  check_device(device);
+  DeviceScope scope(device);
+  check_driver(driver().cuMemAddressFree(reinterpret_cast<CUdeviceptr>(ptr), bytes), "cuMemAddressFree");
+}
+
+bool CudaBackend::map(int device, void* ptr, std::size_t bytes) {
+  const std::size_t page = mapping_page(device);
+  const auto base = reinterpret_cast<CUdeviceptr>(ptr);
+  DeviceScope scope(device);
+  RelaxedCaptureMode relaxed;
+  MappedPages pages(driver(), device, base, page);
+  while (pages.bytes() < bytes) {
+    if (!pages.map_next()) return false;
+  }
+  // Access is set under the lock that grant_peer takes, so a peer granted meanwhile is not missed.
+  std::lock_guard<std::mutex> lock(vm_mutex_);
+  VirtualMemory& vm = vm_[device];
+  allow_access(device, vm.peers, base, bytes);
+  vm.mapped.emplace(base, bytes);
+  pages.keep();
+  return true;
+}
+
+void CudaBackend::unmap(int device, void* ptr, std::size_t bytes) {
+  const std::size_t page = mapping_page(device);
+  const auto base = reinterpret_cast<CUdeviceptr>(ptr);
+  {
+    // Forgotten first, so a grant_peer from here on does not reach pages going away.
+    std::lock_guard<std::mutex> lock(vm_mutex_);
+    forget_mapped(vm_[device].mapped, base, bytes);
+  }
+  DeviceScope scope(device);
+  check_driver(unmap_pages(driver(), base, bytes, page), "cuMemUnmap");
+}
+
+void CudaBackend::grant_peer(int device, int peer) {
+  check_device(device);
+  check_device(peer);
+  if (peer == device) return;  // a device always reaches its own pages
+  std::lock_guard<std::mutex> lock(vm_mutex_);
+  VirtualMemory& vm = vm_[device];
+  if (std::find(vm.peers.begin(), vm.peers.end(), peer) != vm.peers.end()) return;
+  const CUmemAccessDesc access = read_write_for(peer);
+  for (const auto& [addr, bytes] : vm.mapped) {
+    check_driver(driver().cuMemSetAccess(addr, bytes, &access, 1), "cuMemSetAccess");
+  }
+  vm.peers.push_back(peer);
 }
 
 }  // namespace gpumem

@@ -1,7 +1,12 @@
-// The CUDA runtime as a backend: segments from cudaMalloc, stream order from CUDA events.
+// The CUDA runtime as a backend: segments from cudaMalloc, stream order from CUDA events, and
+// growable segments from the driver's virtual memory calls (backends/cuda_driver.h), where the
+// driver has them.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "core/backend.h"
@@ -21,10 +26,35 @@ class CudaBackend : public Backend {
   void destroy_event(int device, EventId event) override;
   void synchronize(int device) override;
 
+  // Virtual memory, as core/backend.h specifies it. Each page is a physical allocation and a
+  // mapping of its own, so any page-aligned part of a mapped stretch can be unmapped.
+  std::size_t page_size(int device) override;
+  void* reserve_address(int device, std::size_t bytes) override;
+  void release_address(int device, void* ptr, std::size_t bytes) override;
+  bool map(int device, void* ptr, std::size_t bytes) override;
+  void unmap(int device, void* ptr, std::size_t bytes) override;
+  void grant_peer(int device, int peer) override;
+
  private:
+  // What virtual memory keeps per device. grant_peer must reach the pages mapped before it, so the
+  // backend knows what is mapped: one range per map() call, cut where unmap() takes part of one.
+  // Ranges are never merged: neighbours may lie in different reserved ranges, and one
+  // cuMemSetAccess must not span two.
+  // Invariant: ranges in `mapped` never overlap; each lies inside one reserved range.
+  struct VirtualMemory {
+    std::optional<std::size_t> page;               // the granularity, once asked; 0: none
+    std::vector<int> peers;                        // granted so far
+    std::map<std::uintptr_t, std::size_t> mapped;  // address -> bytes
+  };
+
+  void check_device(int device) const;
+  std::size_t mapping_page(int device);  // page_size, throwing where there is none
+
   int device_count_ = 0;
   std::mutex mutex_;
   std::vector<std::vector<EventId>> spare_events_;  // per device; events are reused, not recreated
+  std::mutex vm_mutex_;                             // guards vm_
+  std::vector<VirtualMemory> vm_;                   // per device
 };
 
 }  // namespace gpumem
