@@ -1,5 +1,8 @@
 #include "backends/sim_backend.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
 #include <string>
 
 #include "core/errors.h"
@@ -9,12 +12,30 @@ namespace gpumem {
 namespace {
 // Each device's fake addresses start at its own terabyte-aligned base, far from real memory.
 constexpr std::uintptr_t kDeviceSpan = std::uintptr_t{1} << 44;
+// Reserved address ranges come from a region of their own, above the plain segments of up to 4095
+// devices, so a test can tell the two apart and a range can never alias a segment.
+constexpr std::uintptr_t kVirtualBase = std::uintptr_t{1} << 56;
+static_assert(sizeof(std::uintptr_t) >= 8, "the simulated address layout needs 64-bit addresses");
+
+std::uintptr_t virtual_base(int device) { return kVirtualBase + kDeviceSpan * static_cast<std::uintptr_t>(device); }
+
+std::string hex(std::uintptr_t addr) {
+  char buf[2 + 16 + 1];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(addr));
+  return buf;
+}
+
+[[noreturn]] void misuse(const char* call, int device, std::uintptr_t addr, std::size_t bytes, const char* why) {
+  throw std::logic_error(std::string("gpumem: simulated device ") + std::to_string(device) + ": " + call + "(" +
+                         hex(addr) + ", " + std::to_string(bytes) + " bytes) " + why);
+}
 }  // namespace
 
 SimBackend::SimBackend(std::size_t capacity, int devices) : capacity_(capacity), devices_(devices) {
   for (int i = 0; i < devices; ++i) {
-    devices_[i].base = kDeviceSpan * static_cast<std::uintptr_t>(i + 1);
-    devices_[i].next = devices_[i].base;
+    devices_[i].segments.next = kDeviceSpan * static_cast<std::uintptr_t>(i + 1);
+    devices_[i].addresses.next = virtual_base(i);
+    devices_[i].peers.assign(devices, false);
   }
 }
 
@@ -40,34 +61,39 @@ bool SimBackend::should_fail(int device, std::size_t bytes) {
   return false;
 }
 
-std::uintptr_t SimBackend::take_address(Device& d, std::size_t bytes) {
-  for (auto it = d.holes.begin(); it != d.holes.end(); ++it) {
+std::uintptr_t SimBackend::AddressSpace::take(std::size_t bytes) {
+  for (auto it = holes.begin(); it != holes.end(); ++it) {
     if (it->second < bytes) continue;
     const std::uintptr_t addr = it->first;
     const std::size_t rest = it->second - bytes;
-    d.holes.erase(it);
-    if (rest > 0) d.holes.emplace(addr + bytes, rest);
+    holes.erase(it);
+    if (rest > 0) holes.emplace(addr + bytes, rest);
     return addr;
   }
-  const std::uintptr_t addr = d.next;
-  d.next += bytes;
+  const std::uintptr_t addr = next;
+  next += bytes;
   return addr;
 }
 
-void SimBackend::return_address(Device& d, std::uintptr_t addr, std::size_t bytes) {
-  auto next = d.holes.lower_bound(addr);
-  if (next != d.holes.end() && addr + bytes == next->first) {
-    bytes += next->second;
-    next = d.holes.erase(next);
+void SimBackend::AddressSpace::give_back(std::uintptr_t addr, std::size_t bytes) {
+  auto after = holes.lower_bound(addr);
+  if (after != holes.end() && addr + bytes == after->first) {
+    bytes += after->second;
+    after = holes.erase(after);
   }
-  if (next != d.holes.begin()) {
-    auto prev = std::prev(next);
+  if (after != holes.begin()) {
+    auto prev = std::prev(after);
     if (prev->first + prev->second == addr) {
       prev->second += bytes;
       return;
     }
   }
-  d.holes.emplace(addr, bytes);
+  holes.emplace(addr, bytes);
+}
+
+void SimBackend::add_in_use(Device& d, std::size_t bytes) {
+  d.ledger.in_use += bytes;
+  if (d.ledger.in_use > d.ledger.peak) d.ledger.peak = d.ledger.in_use;
 }
 
 void* SimBackend::reserve(int device, std::size_t bytes) {
@@ -77,10 +103,9 @@ void* SimBackend::reserve(int device, std::size_t bytes) {
     ++d.ledger.refusals;
     return nullptr;
   }
-  const std::uintptr_t addr = take_address(d, bytes);
+  const std::uintptr_t addr = d.segments.take(bytes);
   d.live.emplace(addr, bytes);
-  d.ledger.in_use += bytes;
-  if (d.ledger.in_use > d.ledger.peak) d.ledger.peak = d.ledger.in_use;
+  add_in_use(d, bytes);
   ++d.ledger.reserves;
   return reinterpret_cast<void*>(addr);
 }
@@ -95,7 +120,7 @@ void SimBackend::release(int device, void* ptr, std::size_t bytes) {
                            std::to_string(bytes) + " bytes at an address it did not hand out with that size");
   }
   d.live.erase(it);
-  return_address(d, addr, bytes);
+  d.segments.give_back(addr, bytes);
   d.ledger.in_use -= bytes;
   ++d.ledger.releases;
 }
@@ -105,6 +130,155 @@ MemInfo SimBackend::mem_info(int device) {
   const Device& d = device_locked(device);
   return MemInfo{capacity_ - d.ledger.in_use, capacity_};
 }
+
+// ---- Virtual memory ---------------------------------------------------------------------------
+
+std::size_t SimBackend::page_size(int device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  device_locked(device);
+  return page_;
+}
+
+void SimBackend::enable_virtual_memory(std::size_t page) {
+  if (page < 512 || (page & (page - 1)) != 0) {
+    throw std::invalid_argument("gpumem: simulated page size " + std::to_string(page) +
+                                " is not a power of two of at least 512 bytes");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (page == page_) return;
+  for (const Device& d : devices_) {
+    if (!d.ranges.empty()) {
+      throw std::logic_error("gpumem: the simulated page size cannot change while address ranges are reserved");
+    }
+  }
+  // Holes and the bump pointer are aligned to the old page only; start each region afresh.
+  for (std::size_t i = 0; i < devices_.size(); ++i) {
+    devices_[i].addresses = AddressSpace{virtual_base(static_cast<int>(i)), {}};
+  }
+  page_ = page;
+}
+
+void SimBackend::refuse_addresses(bool refuse) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  refuse_addresses_ = refuse;
+}
+
+void* SimBackend::reserve_address(int device, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Device& d = device_locked(device);
+  // Without virtual memory the backend answers as core/backend.h's default does.
+  if (page_ == 0 || refuse_addresses_) return nullptr;
+  if (bytes == 0 || bytes % page_ != 0) {
+    throw std::logic_error("gpumem: simulated device " + std::to_string(device) + ": reserve_address of " +
+                           std::to_string(bytes) + " bytes, not a positive multiple of the " +
+                           std::to_string(page_) + "-byte page");
+  }
+  // Every range and hole is a multiple of the page from a page-aligned base, so addresses stay aligned.
+  const std::uintptr_t addr = d.addresses.take(bytes);
+  d.ranges.emplace(addr, Range{bytes, std::vector<bool>(bytes / page_, false)});
+  ++d.ledger.address_ranges;
+  return reinterpret_cast<void*>(addr);
+}
+
+void SimBackend::release_address(int device, void* ptr, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Device& d = device_locked(device);
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = d.ranges.find(addr);
+  if (it == d.ranges.end() || it->second.bytes != bytes) {
+    misuse("release_address", device, addr, bytes, "is not a range reserve_address handed out");
+  }
+  if (PageSpan{&it->second, 0, it->second.pages.size()}.mapped() > 0) {
+    misuse("release_address", device, addr, bytes, "still has pages mapped; unmap them first");
+  }
+  d.addresses.give_back(addr, bytes);
+  d.ranges.erase(it);
+  --d.ledger.address_ranges;
+}
+
+std::size_t SimBackend::PageSpan::mapped() const {
+  const auto begin = range->pages.begin() + static_cast<std::ptrdiff_t>(first);
+  return static_cast<std::size_t>(std::count(begin, begin + static_cast<std::ptrdiff_t>(count), true));
+}
+
+void SimBackend::PageSpan::mark(bool mapped) const {
+  const auto begin = range->pages.begin() + static_cast<std::ptrdiff_t>(first);
+  std::fill(begin, begin + static_cast<std::ptrdiff_t>(count), mapped);
+}
+
+// The pages a map or unmap call names; throws when they are unaligned or not inside one range,
+// since either means the allocator lost track of its ranges.
+SimBackend::PageSpan SimBackend::pages_of(int device, void* ptr, std::size_t bytes, const char* call) {
+  Device& d = device_locked(device);
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  if (page_ == 0) misuse(call, device, addr, bytes, "was called, but virtual memory is not enabled");
+  if (bytes == 0 || bytes % page_ != 0 || addr % page_ != 0) misuse(call, device, addr, bytes, "is not page-aligned");
+  auto it = d.ranges.upper_bound(addr);
+  if (it == d.ranges.begin()) misuse(call, device, addr, bytes, "is not inside a reserved range");
+  --it;
+  const std::uintptr_t offset = addr - it->first;
+  if (offset >= it->second.bytes || bytes > it->second.bytes - offset) {
+    misuse(call, device, addr, bytes, "is not inside a reserved range");
+  }
+  return PageSpan{&it->second, offset / page_, bytes / page_};
+}
+
+bool SimBackend::map(int device, void* ptr, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const PageSpan span = pages_of(device, ptr, bytes, "map");
+  if (span.mapped() > 0) misuse("map", device, reinterpret_cast<std::uintptr_t>(ptr), bytes, "covers mapped pages");
+  Device& d = devices_[device];
+  if (bytes > capacity_ - d.ledger.in_use || should_fail(device, bytes)) {
+    ++d.ledger.refusals;
+    return false;
+  }
+  span.mark(true);
+  add_in_use(d, bytes);
+  d.ledger.mapped += bytes;
+  ++d.ledger.maps;
+  return true;
+}
+
+void SimBackend::unmap(int device, void* ptr, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const PageSpan span = pages_of(device, ptr, bytes, "unmap");
+  if (span.mapped() != span.count) {
+    misuse("unmap", device, reinterpret_cast<std::uintptr_t>(ptr), bytes, "covers pages that are not mapped");
+  }
+  span.mark(false);
+  Device& d = devices_[device];
+  d.ledger.in_use -= bytes;
+  d.ledger.mapped -= bytes;
+  ++d.ledger.unmaps;
+}
+
+void SimBackend::grant_peer(int device, int peer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  device_locked(peer);
+  device_locked(device).peers[peer] = true;
+}
+
+bool SimBackend::is_mapped_locked(const Device& d, std::uintptr_t addr) const {
+  auto it = d.ranges.upper_bound(addr);
+  if (it == d.ranges.begin()) return false;
+  --it;
+  const std::uintptr_t offset = addr - it->first;
+  return offset < it->second.bytes && it->second.pages[offset / page_];
+}
+
+bool SimBackend::is_mapped(int device, std::uintptr_t addr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return is_mapped_locked(device_locked(device), addr);
+}
+
+bool SimBackend::peer_can_access(int device, int peer, std::uintptr_t addr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Device& d = device_locked(device);
+  device_locked(peer);
+  return is_mapped_locked(d, addr) && (peer == device || d.peers[peer]);
+}
+
+// ---- Events ----------------------------------------------------------------------------------
 
 EventId SimBackend::record_event(int device, StreamId) {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -2,6 +2,18 @@
 // memory (a trace that peaked at 80 GB replays on a laptop), and can be told to refuse requests
 // (fault injection). It also keeps its own account of what it handed out, which tests use to check
 // the allocator's cap independently of the allocator's statistics.
+//
+// Virtual memory (off until enable_virtual_memory): reserve_address hands out page-aligned ranges
+// from a region of fake addresses of its own, far above the plain segments', and costs no memory;
+// map backs pages of a range and counts them as memory in use, in the same ledger as plain
+// segments, so the capacity, the peak and mem_info cover both. The backend enforces the contract of
+// core/backend.h and throws std::logic_error where the allocator breaks it (mapping a page twice,
+// unmapping one that is not mapped, releasing a range with pages mapped, unaligned arguments).
+//
+// Invariants, per device:
+//   ledger.in_use == sum of live plain segments + ledger.mapped <= capacity
+//   ledger.mapped == page size * pages marked mapped in all ranges
+//   ledger.address_ranges == ranges.size(); live ranges never overlap each other or a segment
 #pragma once
 
 #include <cstdint>
@@ -30,8 +42,28 @@ class SimBackend : public Backend {
   void destroy_event(int device, EventId event) override;
   void synchronize(int device) override;
 
-  // Fault injection. A request is refused when any of these says so.
-  void fail_next(int count);                      // refuse the next `count` reserve calls
+  // Virtual memory, as core/backend.h specifies it. page_size is 0 until enable_virtual_memory.
+  std::size_t page_size(int device) override;
+  void* reserve_address(int device, std::size_t bytes) override;
+  void release_address(int device, void* ptr, std::size_t bytes) override;
+  bool map(int device, void* ptr, std::size_t bytes) override;
+  void unmap(int device, void* ptr, std::size_t bytes) override;
+  void grant_peer(int device, int peer) override;
+
+  // Turns virtual memory on for every device with mapping granularity `page` (a power of two of at
+  // least 512 bytes, else std::invalid_argument). An allocator reads the page size when it is
+  // built, so call this first. Changing the page while address ranges are live is a logic_error.
+  void enable_virtual_memory(std::size_t page);
+  // While set, reserve_address returns nullptr, as a driver out of address space would.
+  void refuse_addresses(bool refuse);
+  // Whether the page holding `addr` is mapped on `device`.
+  bool is_mapped(int device, std::uintptr_t addr) const;
+  // Whether `peer` may access `addr` on `device`: its page is mapped and `peer` was granted (a
+  // device always reaches its own pages).
+  bool peer_can_access(int device, int peer, std::uintptr_t addr) const;
+
+  // Fault injection. A request (a reserve or a map call) is refused when any of these says so.
+  void fail_next(int count);                      // refuse the next `count` requests
   void fail_randomly(double probability, std::uint32_t seed);
   void fail_when(std::function<bool(int device, std::size_t bytes)> predicate);
   void stop_failing();
@@ -43,13 +75,17 @@ class SimBackend : public Backend {
 
   // The backend's own ledger.
   struct Ledger {
-    std::size_t in_use = 0;      // bytes handed out now
+    std::size_t in_use = 0;      // bytes handed out now: plain segments plus mapped pages
     std::size_t peak = 0;        // most bytes handed out at once
     std::uint64_t reserves = 0;  // successful reserve calls
     std::uint64_t releases = 0;
-    std::uint64_t refusals = 0;
+    std::uint64_t refusals = 0;  // reserve and map calls refused
     std::uint64_t syncs = 0;
     std::size_t live_events = 0;
+    std::size_t mapped = 0;          // bytes mapped now (part of in_use)
+    std::uint64_t maps = 0;          // successful map calls
+    std::uint64_t unmaps = 0;
+    std::size_t address_ranges = 0;  // live reserved address ranges
   };
   Ledger ledger(int device) const;
   void reset_peak(int device);
@@ -60,19 +96,41 @@ class SimBackend : public Backend {
     bool done = false;
     int queries = 0;
   };
+  // Fake addresses handed out first-fit from released holes, then from a bump pointer.
+  struct AddressSpace {
+    std::uintptr_t next = 0;                      // bump pointer
+    std::map<std::uintptr_t, std::size_t> holes;  // released address ranges, by address
+    std::uintptr_t take(std::size_t bytes);
+    void give_back(std::uintptr_t addr, std::size_t bytes);
+  };
+  // A reserved address range; pages[i] says whether its i-th page is mapped.
+  struct Range {
+    std::size_t bytes = 0;
+    std::vector<bool> pages;
+  };
   struct Device {
-    std::uintptr_t base = 0;
-    std::uintptr_t next = 0;                             // bump pointer
-    std::map<std::uintptr_t, std::size_t> holes;         // released address ranges, by address
+    AddressSpace segments;                                 // plain segments' addresses
     std::unordered_map<std::uintptr_t, std::size_t> live;  // address -> size
+    AddressSpace addresses;                                // reserved ranges' addresses
+    std::map<std::uintptr_t, Range> ranges;                // by start address
+    std::vector<bool> peers;                               // granted by grant_peer, by device
     Ledger ledger;
   };
 
   Device& device_locked(int device);
   const Device& device_locked(int device) const;
   bool should_fail(int device, std::size_t bytes);
-  std::uintptr_t take_address(Device& d, std::size_t bytes);
-  void return_address(Device& d, std::uintptr_t addr, std::size_t bytes);
+  void add_in_use(Device& d, std::size_t bytes);
+  // Pages [first, first + count) of one reserved range.
+  struct PageSpan {
+    Range* range = nullptr;
+    std::size_t first = 0;
+    std::size_t count = 0;
+    std::size_t mapped() const;
+    void mark(bool mapped) const;
+  };
+  bool is_mapped_locked(const Device& d, std::uintptr_t addr) const;
+  PageSpan pages_of(int device, void* ptr, std::size_t bytes, const char* call);
 
   mutable std::mutex mutex_;
   std::size_t capacity_;
@@ -84,6 +142,8 @@ class SimBackend : public Backend {
   std::mt19937 rng_;
   std::function<bool(int, std::size_t)> fail_predicate_;
   int auto_complete_after_ = 0;
+  std::size_t page_ = 0;  // 0: no virtual memory
+  bool refuse_addresses_ = false;
 };
 
 }  // namespace gpumem

@@ -45,7 +45,7 @@ constexpr std::size_t kBestFitSample = 8;
 constexpr std::size_t kMallocShares[] = {3000, 3950, 3950, 4800};  // per 10,000 operations
 constexpr StreamId kStreams = 3;
 constexpr int kConfigsPerMix = 3;
-constexpr int kMixes = 3;
+constexpr int kMixes = 6;  // three size mixes, each over plain and over growable segments
 
 using gpumem_test::env_number;
 
@@ -72,7 +72,15 @@ struct Config {
   const char* limit_name;
   std::optional<std::size_t> limit;  // nullopt: no limit (the device's total)
   std::uint64_t seed;
+  std::size_t page;                  // 0: plain segments; else growable ones with pages of this size
 };
+
+constexpr std::size_t kPage = 2 * MiB;
+
+SimBackend& with_pages(SimBackend& backend, std::size_t page) {
+  if (page > 0) backend.enable_virtual_memory(page);
+  return backend;
+}
 
 struct Violation : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -122,7 +130,7 @@ class PropertyRun {
   explicit PropertyRun(const Config& config)
       : config_(config),
         backend_(kCapacity),
-        alloc_(backend_, 0, {config.limit, 0.0}),
+        alloc_(with_pages(backend_, config.page), 0, {config.limit, 0.0}),
         rng_(config.seed),
         max_limit_(alloc_.limit()) {}
 
@@ -217,11 +225,13 @@ class PropertyRun {
     on_allocated(block, requested, stream);
     // With no pending frees to turn into cached blocks on the way, the choice is fully determined.
     if (!sampled || events_pending) return;
+    const SimBackend::Ledger after = backend_.ledger(0);
+    const bool new_memory = after.reserves > before.reserves || after.maps > before.maps;
     if (expected) {
       expect(block->addr == expected->addr, "malloc did not take the best-fitting cached block");
-      expect(backend_.ledger(0).reserves == before.reserves, "malloc reserved a segment although a cached block fit");
+      expect(!new_memory, "malloc reserved or mapped memory although a cached block fit");
     } else {
-      expect(backend_.ledger(0).reserves > before.reserves, "malloc with no fitting cached block reserved no segment");
+      expect(new_memory, "malloc with no fitting cached block reserved and mapped nothing");
     }
   }
 
@@ -266,10 +276,12 @@ class PropertyRun {
       expect(allocated_ + rounded <= limit, "OOM called fragmentation although the request is over the limit");
     }
     // Not spurious: no cached block could serve it, and the cap had no room for the smallest
-    // segment that holds it.
+    // segment that holds it, or (growable segments: every free page was unmapped first) for the
+    // pages that hold it.
     expect(!best_cached(alloc_.snapshot(), rounded, stream), "OOM although a cached block on the stream fits");
-    expect(device_refused || alloc_.reserved() + gpumem::tight_segment_size(rounded) > limit,
-           "OOM although the smallest segment for the request fits under the limit");
+    const std::size_t smallest = config_.page > 0 ? gpumem::round_up(rounded, config_.page) : gpumem::tight_segment_size(rounded);
+    expect(device_refused || alloc_.reserved() + smallest > limit,
+           "OOM although the smallest new memory for the request fits under the limit");
   }
 
   void do_free() {
@@ -311,7 +323,7 @@ class PropertyRun {
     max_limit_ = std::max(max_limit_, alloc_.limit());
     expect(alloc_.limit() == limit.value_or(kCapacity), "set_limit did not take the new limit");
     if (alloc_.reserved() > alloc_.limit()) {
-      expect(!any_unused_segment(), "a lowered limit kept an unused segment while reserved is above it");
+      expect(!any_releasable(), "a lowered limit kept an unused segment or a free page while reserved is above it");
     }
   }
 
@@ -325,16 +337,23 @@ class PropertyRun {
   // after any operation reserved is under it or nothing cached is left to give back.
   void expect_threshold_applied() {
     if (alloc_.release_threshold() == 0.0 || alloc_.reserved() <= threshold_target()) return;
-    expect(!any_unused_segment(), "reserved stays above the release threshold with unused segments cached");
+    expect(!any_releasable(), "reserved stays above the release threshold with unused segments or free pages cached");
   }
 
   std::size_t threshold_target() const {
     return static_cast<std::size_t>(alloc_.release_threshold() * static_cast<double>(alloc_.limit()));
   }
 
-  bool any_unused_segment() const {
+  // Cached memory the allocator could give back: an unused plain segment, or a free block of a
+  // growable segment that holds a whole page.
+  bool any_releasable() const {
     const std::vector<SegmentInfo> segments = alloc_.snapshot();
-    return std::any_of(segments.begin(), segments.end(), is_unused);
+    return std::any_of(segments.begin(), segments.end(), [this](const SegmentInfo& s) {
+      if (!s.growable) return is_unused(s);
+      return std::any_of(s.blocks.begin(), s.blocks.end(), [this](const BlockInfo& b) {
+        return b.state == BlockInfo::kFree && gpumem::round_up(b.addr, config_.page) + config_.page <= b.addr + b.size;
+      });
+    });
   }
 
   void do_free_all() {
@@ -371,9 +390,9 @@ class PropertyRun {
     expect(stats.num_ooms == static_cast<std::int64_t>(ooms_), "num_ooms differs from the OOMs seen");
     expect(stats.reserved_bytes[gpumem::kAll].peak == static_cast<std::int64_t>(ledger.peak),
            "peak reserved bytes differ from the device ledger's peak");
-    expect(stats.num_device_alloc == static_cast<std::int64_t>(ledger.reserves) &&
-               stats.num_device_free == static_cast<std::int64_t>(ledger.releases),
-           "segment counts differ from the device's reserve and release calls");
+    expect(stats.num_device_alloc == static_cast<std::int64_t>(ledger.reserves + ledger.maps) &&
+               stats.num_device_free == static_cast<std::int64_t>(ledger.releases + ledger.unmaps),
+           "device call counts differ from the device's reserve, map, release and unmap calls");
   }
 
   // Frees everything and lets every event complete; the caller checks that nothing is left.
@@ -401,16 +420,17 @@ class PropertyRun {
   std::size_t malloc_share_ = 3950;  // of the 7,900 per 10,000 that are malloc or free
 };
 
-void run_configs(const SizeMix& mix, int mix_index) {
+void run_configs(const SizeMix& mix, int mix_index, std::size_t page) {
   const std::uint64_t base_seed = env_number("GPUMEM_PROPERTY_SEED", 0x5eed);
   const Config configs[kConfigsPerMix] = {
-      {mix, "tight", mix.tight, base_seed + 10 * mix_index + 0},
-      {mix, "medium", mix.medium, base_seed + 10 * mix_index + 1},
-      {mix, "none", std::nullopt, base_seed + 10 * mix_index + 2},
+      {mix, "tight", mix.tight, base_seed + 10 * mix_index + 0, page},
+      {mix, "medium", mix.medium, base_seed + 10 * mix_index + 1, page},
+      {mix, "none", std::nullopt, base_seed + 10 * mix_index + 2, page},
   };
   const std::size_t ops = ops_per_config();
   for (const Config& config : configs) {
     INFO("seed " << config.seed << ", " << mix.name << ", limit " << config.limit_name
+                 << (page > 0 ? ", growable segments" : ", plain segments")
                  << " (GPUMEM_PROPERTY_SEED=" << base_seed << " reruns it)");
     PropertyRun run(config);
     try {
@@ -424,6 +444,8 @@ void run_configs(const SizeMix& mix, int mix_index) {
     REQUIRE(ledger.in_use == 0);
     REQUIRE(ledger.live_events == 0);
     REQUIRE(ledger.reserves == ledger.releases);
+    REQUIRE(ledger.mapped == 0);
+    REQUIRE(ledger.address_ranges == 0);
     for (const auto& [name, value] : gpumem::flatten(run.allocator().stats())) {
       if (name.size() > 8 && name.compare(name.size() - 8, 8, ".current") == 0) {
         INFO(name);
@@ -436,13 +458,25 @@ void run_configs(const SizeMix& mix, int mix_index) {
 }  // namespace
 
 TEST_CASE("random operations on small requests keep every invariant, under tight, medium and no limits", "[property]") {
-  run_configs(kSmallOnly, 0);
+  run_configs(kSmallOnly, 0, 0);
 }
 
 TEST_CASE("random operations on mixed sizes keep every invariant, under tight, medium and no limits", "[property]") {
-  run_configs(kMixed, 1);
+  run_configs(kMixed, 1, 0);
 }
 
 TEST_CASE("random operations on large requests keep every invariant, under tight, medium and no limits", "[property]") {
-  run_configs(kLargeOnly, 2);
+  run_configs(kLargeOnly, 2, 0);
+}
+
+TEST_CASE("random operations on small requests keep every invariant with growable segments", "[property][growable]") {
+  run_configs(kSmallOnly, 3, kPage);
+}
+
+TEST_CASE("random operations on mixed sizes keep every invariant with growable segments", "[property][growable]") {
+  run_configs(kMixed, 4, kPage);
+}
+
+TEST_CASE("random operations on large requests keep every invariant with growable segments", "[property][growable]") {
+  run_configs(kLargeOnly, 5, kPage);
 }

@@ -1,0 +1,388 @@
+// Growable segments (core/growable.cpp) on the simulated device with virtual memory: pages are
+// mapped as blocks need them and unmapped when free, the cap counts mapped bytes, and a request
+// fits whenever the pages it needs fit under the limit, however the free memory is scattered.
+#include <algorithm>
+
+#include "helpers.h"
+
+using namespace gpumem_test;
+
+namespace {
+
+constexpr std::size_t kPage = 2 * MiB;
+
+// A simulated device with virtual memory, and its allocator (growable segments by default).
+struct VmSim {
+  SimBackend backend;
+  DeviceAllocator alloc;
+
+  static SimBackend& with_pages(SimBackend& backend) {
+    backend.enable_virtual_memory(kPage);
+    return backend;
+  }
+  explicit VmSim(std::optional<std::size_t> limit = std::nullopt, bool growable = true, double release_threshold = 0.0)
+      : backend(kDeviceBytes), alloc(with_pages(backend), 0, grow_config(limit, growable, release_threshold)) {}
+
+  static AllocatorConfig grow_config(std::optional<std::size_t> limit, bool growable, double release_threshold) {
+    AllocatorConfig config = config_with(limit, release_threshold);
+    config.growable = growable;
+    return config;
+  }
+  Block* malloc(std::size_t size, StreamId stream = kStream0) {
+    Block* block = alloc.malloc(size, stream);
+    alloc.check_invariants();
+    return block;
+  }
+  void free(Block* block) {
+    alloc.free(block);
+    alloc.check_invariants();
+  }
+  SimBackend::Ledger ledger() const { return backend.ledger(0); }
+  bool mapped(std::uintptr_t addr) const { return backend.is_mapped(0, addr); }
+};
+
+std::size_t snapshot_bytes(const std::vector<SegmentInfo>& segments) {
+  std::size_t bytes = 0;
+  for (const SegmentInfo& s : segments) bytes += s.size;
+  return bytes;
+}
+
+}  // namespace
+
+// ---- choosing growable segments ---------------------------------------------------------------
+
+TEST_CASE("growable segments are used by default where the backend maps pages", "[growable]") {
+  VmSim sim;
+  REQUIRE(sim.alloc.growable());
+  REQUIRE(sim.alloc.page_size() == kPage);
+  Block* a = sim.malloc(5 * MiB);
+  REQUIRE(a->segment->growable);
+  REQUIRE(sim.ledger().reserves == 0);
+  REQUIRE(sim.ledger().maps == 1);
+  REQUIRE(sim.alloc.reserved() == 6 * MiB);  // the pages that hold 5 MiB, no 20 MiB segment
+  REQUIRE(sim.ledger().mapped == 6 * MiB);
+}
+
+TEST_CASE("a backend without virtual memory keeps plain segments although growable ones are asked for", "[growable]") {
+  Sim sim;  // the simulated device without virtual memory
+  REQUIRE_FALSE(sim.alloc.growable());
+  REQUIRE_FALSE(sim.alloc.growable_supported());
+  Block* a = sim.malloc(5 * MiB);
+  REQUIRE_FALSE(a->segment->growable);
+  REQUIRE(sim.ledger().reserves == 1);
+}
+
+TEST_CASE("with no address range to be had, new memory comes from a plain segment", "[growable]") {
+  VmSim sim;
+  sim.backend.refuse_addresses(true);
+  Block* a = sim.malloc(5 * MiB);
+  REQUIRE_FALSE(a->segment->growable);
+  REQUIRE(sim.ledger().reserves == 1);
+  REQUIRE(sim.ledger().address_ranges == 0);
+}
+
+TEST_CASE("turning growable segments off takes effect for new memory only", "[growable]") {
+  VmSim sim;
+  Block* a = sim.malloc(5 * MiB);
+  sim.alloc.set_growable(false);
+  REQUIRE_FALSE(sim.alloc.growable());
+  Block* b = sim.malloc(30 * MiB);
+  REQUIRE(a->segment->growable);
+  REQUIRE_FALSE(b->segment->growable);
+  sim.free(a);
+  Block* c = sim.malloc(5 * MiB);  // the cached growable block still serves
+  REQUIRE(c->segment->growable);
+  REQUIRE(sim.ledger().reserves == 1);
+}
+
+TEST_CASE("private pools keep plain segments while the default pool grows", "[growable][pools]") {
+  VmSim sim;
+  const PoolId pool{1, 0};
+  sim.alloc.create_pool(pool);
+  sim.alloc.begin_allocate_to_pool(pool, [](StreamId s) { return s == kStream1; });
+  Block* in_pool = sim.malloc(5 * MiB, kStream1);
+  Block* outside = sim.malloc(5 * MiB, kStream0);
+  sim.alloc.end_allocate_to_pool(pool);
+  REQUIRE_FALSE(in_pool->segment->growable);
+  REQUIRE(outside->segment->growable);
+}
+
+// ---- growing --------------------------------------------------------------------------------
+
+TEST_CASE("a request no cached block holds grows the free block at the end of the mapped pages", "[growable]") {
+  VmSim sim;
+  Block* a = sim.malloc(4 * MiB);
+  Block* b = sim.malloc(4 * MiB);
+  sim.free(b);  // 4 MiB cached at the end
+  Block* c = sim.malloc(10 * MiB);
+  REQUIRE(c->addr == a->addr + 4 * MiB);  // b's place, grown by the 6 MiB it lacked
+  REQUIRE(sim.alloc.reserved() == 14 * MiB);
+  REQUIRE(sim.ledger().maps == 3);
+  REQUIRE(sim.alloc.snapshot().size() == 1);  // one mapped stretch
+}
+
+TEST_CASE("each stream grows its own segment", "[growable][streams]") {
+  VmSim sim;
+  Block* a = sim.malloc(4 * MiB, kStream0);
+  Block* b = sim.malloc(4 * MiB, kStream1);
+  REQUIRE(a->segment != b->segment);
+  REQUIRE(sim.ledger().address_ranges == 2);
+}
+
+TEST_CASE("small and large requests grow separate segments", "[growable]") {
+  VmSim sim;
+  Block* small = sim.malloc(4 * KiB);
+  Block* large = sim.malloc(4 * MiB);
+  REQUIRE(small->segment != large->segment);
+  REQUIRE(small->segment->small);
+  REQUIRE(sim.alloc.reserved() == kPage + 4 * MiB);
+}
+
+// ---- the cap --------------------------------------------------------------------------------
+
+TEST_CASE("the cap counts mapped bytes: pages fit to the byte, and one byte more is refused", "[growable][cap]") {
+  VmSim sim(6 * MiB);
+  Block* a = sim.malloc(3 * MiB);  // 4 MiB of pages; the 1 MiB left over is not split off
+  REQUIRE(a->size == 4 * MiB);
+  Block* b = sim.malloc(2 * MiB);
+  REQUIRE(sim.alloc.reserved() == 6 * MiB);
+  const Oom oom = oom_from([&] { sim.alloc.malloc(512, kStream0); });
+  REQUIRE(oom.info.kind == OomKind::kOverLimit);
+  REQUIRE(sim.ledger().peak == 6 * MiB);
+  (void)b;
+}
+
+// Eight 5 MiB blocks with every other one freed: 20 MiB or more live, the rest in holes of one
+// block each, and a request of 20 MiB that no hole holds but the limit has room for.
+std::vector<Block*> every_other_freed(VmSim& sim) {
+  std::vector<Block*> all, live;
+  for (int i = 0; i < 8; ++i) all.push_back(sim.malloc(5 * MiB));
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (i % 2 == 0) {
+      live.push_back(all[i]);
+    } else {
+      sim.free(all[i]);
+    }
+  }
+  return live;
+}
+
+TEST_CASE("scattered free memory is unmapped and mapped again where a large request needs it", "[growable][cap]") {
+  VmSim sim(48 * MiB);
+  const std::vector<Block*> live = every_other_freed(sim);
+  std::vector<std::uintptr_t> addrs;
+  for (const Block* b : live) addrs.push_back(b->addr);
+  Block* big = sim.malloc(20 * MiB);
+  REQUIRE(big->size == 20 * MiB);
+  REQUIRE(sim.alloc.reserved() <= 48 * MiB);
+  REQUIRE(sim.ledger().peak <= 48 * MiB);
+  REQUIRE(sim.alloc.stats().num_alloc_retries == 1);
+  for (std::size_t i = 0; i < live.size(); ++i) {
+    REQUIRE(live[i]->allocated);
+    REQUIRE(live[i]->addr == addrs[i]);
+    REQUIRE(sim.mapped(addrs[i]));
+  }
+}
+
+TEST_CASE("plain segments fail the same scattered request that growable ones serve", "[growable][cap]") {
+  VmSim sim(48 * MiB, /*growable=*/false);
+  every_other_freed(sim);
+  const Oom oom = oom_from([&] { sim.alloc.malloc(20 * MiB, kStream0); });
+  REQUIRE(oom.info.kind == OomKind::kFragmentation);
+}
+
+TEST_CASE("a request fits whenever allocated bytes plus its pages are within the limit", "[growable][cap]") {
+  // Live blocks every other 4 MiB: the free memory is all holes, and the request is larger than
+  // any of them and than the mapped stretch's free end.
+  VmSim sim(64 * MiB);
+  std::vector<Block*> blocks;
+  for (int i = 0; i < 14; ++i) blocks.push_back(sim.malloc(4 * MiB));
+  for (std::size_t i = 0; i < blocks.size(); i += 2) sim.free(blocks[i]);
+  const auto allocated = static_cast<std::size_t>(sim.alloc.stats().allocated_bytes[kAll].current);
+  REQUIRE(allocated == 28 * MiB);
+  Block* big = sim.malloc(64 * MiB - allocated);
+  REQUIRE(big->size == 36 * MiB);
+  REQUIRE(sim.ledger().peak <= 64 * MiB);
+}
+
+// ---- unmapping ------------------------------------------------------------------------------
+
+TEST_CASE("empty_cache unmaps the free pages between live blocks and keeps the live ones", "[growable][release]") {
+  VmSim sim;
+  Block* a = sim.malloc(4 * MiB);
+  Block* b = sim.malloc(8 * MiB);
+  Block* c = sim.malloc(4 * MiB);
+  const std::uintptr_t b_addr = b->addr;
+  sim.free(b);
+  sim.alloc.empty_cache();
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.reserved() == 8 * MiB);
+  REQUIRE(sim.ledger().mapped == 8 * MiB);
+  REQUIRE_FALSE(sim.mapped(b_addr));
+  REQUIRE(sim.mapped(a->addr));
+  REQUIRE(sim.mapped(c->addr));
+  REQUIRE(sim.alloc.snapshot().size() == 2);  // two mapped stretches either side of the hole
+}
+
+TEST_CASE("free memory that shares a page with a live block stays mapped", "[growable][release]") {
+  VmSim sim;
+  Block* x0 = sim.malloc(1 * MiB);  // small pool: 1 MiB blocks, two to a page
+  Block* x1 = sim.malloc(1 * MiB);
+  Block* x2 = sim.malloc(1 * MiB);
+  REQUIRE(sim.alloc.reserved() == 4 * MiB);
+  sim.free(x1);
+  sim.alloc.empty_cache();
+  REQUIRE(sim.alloc.reserved() == 4 * MiB);  // x1's page holds x0; x2's page holds x2
+  sim.free(x0);
+  sim.alloc.empty_cache();
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.reserved() == 2 * MiB);
+  REQUIRE(sim.mapped(x2->addr));
+}
+
+TEST_CASE("empty_cache with nothing live gives back every page and address range", "[growable][release]") {
+  VmSim sim;
+  sim.free(sim.malloc(5 * MiB));
+  sim.free(sim.malloc(4 * KiB));
+  sim.free(sim.malloc(7 * MiB, kStream1));
+  sim.alloc.empty_cache();
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.reserved() == 0);
+  REQUIRE(sim.ledger().in_use == 0);
+  REQUIRE(sim.ledger().address_ranges == 0);
+  REQUIRE(sim.alloc.stats().segment[kAll].current == 0);
+}
+
+TEST_CASE("unmapping synchronizes the device first", "[growable][release]") {
+  VmSim sim;
+  sim.free(sim.malloc(5 * MiB));
+  const std::uint64_t syncs = sim.ledger().syncs;
+  sim.alloc.empty_cache();
+  REQUIRE(sim.ledger().syncs == syncs + 1);
+  REQUIRE(sim.ledger().unmaps == 1);
+}
+
+TEST_CASE("nothing is unmapped while a pool target is active", "[growable][release][pools]") {
+  VmSim sim;
+  sim.free(sim.malloc(5 * MiB));
+  const PoolId pool{1, 0};
+  sim.alloc.create_pool(pool);
+  sim.alloc.begin_allocate_to_pool(pool, [](StreamId s) { return s == kStream1; });
+  sim.alloc.empty_cache();
+  REQUIRE(sim.ledger().unmaps == 0);
+  REQUIRE(sim.alloc.reserved() == 6 * MiB);
+  sim.alloc.end_allocate_to_pool(pool);
+  sim.alloc.empty_cache();
+  REQUIRE(sim.alloc.reserved() == 0);
+}
+
+TEST_CASE("a block still used by another stream is not unmapped until its work is done", "[growable][release][streams]") {
+  VmSim sim;
+  Block* a = sim.malloc(6 * MiB);
+  const std::uintptr_t addr = a->addr;
+  sim.alloc.record_stream(a, kStream1);
+  sim.free(a);
+  sim.backend.fail_next(0);
+  sim.alloc.set_limit(std::optional<std::size_t>(2 * MiB));  // lowering releases only free memory
+  REQUIRE(sim.mapped(addr));
+  sim.alloc.empty_cache();  // synchronizes: the event completes, then the pages go
+  REQUIRE_FALSE(sim.mapped(addr));
+  REQUIRE(sim.alloc.reserved() == 0);
+}
+
+TEST_CASE("lowering the limit unmaps free pages down to it and leaves the rest cached", "[growable][release][cap]") {
+  VmSim sim;
+  Block* live = sim.malloc(4 * MiB);
+  Block* a = sim.malloc(10 * MiB);
+  Block* b = sim.malloc(10 * MiB, kStream1);
+  sim.free(a);
+  sim.free(b);
+  sim.alloc.set_limit(std::optional<std::size_t>(16 * MiB));
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.reserved() <= 16 * MiB);
+  REQUIRE(sim.alloc.reserved() >= 14 * MiB);  // no more was given back than the limit asked
+  REQUIRE(sim.mapped(live->addr));
+}
+
+TEST_CASE("the release threshold unmaps free pages once reserved passes it", "[growable][release]") {
+  VmSim sim(100 * MiB, true, 0.5);
+  Block* a = sim.malloc(30 * MiB);
+  Block* b = sim.malloc(30 * MiB);
+  sim.free(a);  // reserved 60 MiB > 50 MiB: a's pages go
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.reserved() <= 50 * MiB);
+  REQUIRE(sim.mapped(b->addr));
+}
+
+// ---- refusals -------------------------------------------------------------------------------
+
+TEST_CASE("one map the device refuses is absorbed by releasing free pages and retrying", "[growable][fault]") {
+  VmSim sim;
+  sim.free(sim.malloc(8 * MiB));
+  Block* keep = sim.malloc(2 * MiB);
+  sim.backend.fail_next(1);
+  Block* b = sim.malloc(20 * MiB);
+  REQUIRE(b->allocated);
+  REQUIRE(sim.alloc.stats().num_alloc_retries == 1);
+  REQUIRE(sim.ledger().refusals == 1);
+  (void)keep;
+}
+
+TEST_CASE("a device that refuses every map ends in a device-full OOM and keeps nothing of the attempt", "[growable][fault]") {
+  VmSim sim;
+  sim.backend.fail_when([](int, std::size_t) { return true; });
+  const Oom oom = oom_from([&] { sim.alloc.malloc(5 * MiB, kStream0); });
+  REQUIRE(oom.info.kind == OomKind::kDeviceFull);
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.reserved() == 0);
+  REQUIRE(sim.ledger().in_use == 0);
+  REQUIRE(sim.ledger().address_ranges == 0);
+  sim.backend.stop_failing();
+  REQUIRE(sim.malloc(5 * MiB)->allocated);
+}
+
+// ---- views ----------------------------------------------------------------------------------
+
+TEST_CASE("a snapshot shows one segment per mapped stretch, adding up to reserved", "[growable][snapshot]") {
+  VmSim sim;
+  Block* a = sim.malloc(4 * MiB);
+  Block* b = sim.malloc(8 * MiB);
+  Block* c = sim.malloc(4 * MiB);
+  sim.free(b);
+  sim.alloc.empty_cache();
+  const std::vector<SegmentInfo> segments = sim.alloc.snapshot();
+  REQUIRE(segments.size() == 2);
+  REQUIRE(snapshot_bytes(segments) == sim.alloc.reserved());
+  REQUIRE(std::all_of(segments.begin(), segments.end(), [](const SegmentInfo& s) { return s.growable; }));
+  REQUIRE(segments[0].addr == a->addr);
+  REQUIRE(segments[1].addr == c->addr);
+}
+
+TEST_CASE("segment_of names the mapped stretch that holds an address, and nothing for an unmapped one", "[growable][snapshot]") {
+  VmSim sim;
+  Block* a = sim.malloc(4 * MiB);
+  Block* b = sim.malloc(8 * MiB);
+  Block* c = sim.malloc(4 * MiB);
+  const std::uintptr_t hole = b->addr;
+  sim.free(b);
+  sim.alloc.empty_cache();
+  const auto of_c = sim.alloc.segment_of(reinterpret_cast<void*>(c->addr + 1));
+  REQUIRE(of_c);
+  REQUIRE(of_c->first == c->addr);
+  REQUIRE(of_c->second == 4 * MiB);
+  REQUIRE_FALSE(sim.alloc.segment_of(reinterpret_cast<void*>(hole)));
+  REQUIRE(sim.alloc.segment_of(a->ptr())->first == a->addr);
+}
+
+TEST_CASE("destroying the allocator gives back every page and range, live blocks included", "[growable]") {
+  SimBackend backend(kDeviceBytes);
+  backend.enable_virtual_memory(kPage);
+  {
+    DeviceAllocator alloc(backend, 0, AllocatorConfig{});
+    alloc.malloc(5 * MiB, kStream0);
+    alloc.free(alloc.malloc(9 * MiB, kStream0));
+    alloc.malloc(3 * KiB, kStream1);
+  }
+  REQUIRE(backend.ledger(0).in_use == 0);
+  REQUIRE(backend.ledger(0).address_ranges == 0);
+}
