@@ -250,6 +250,7 @@ void require_all_returned(DeviceAllocator& alloc, const SimBackend& backend, int
   REQUIRE(alloc.reserved() == 0);
   const SimBackend::Ledger ledger = backend.ledger(device);
   REQUIRE(ledger.in_use == 0);
+  REQUIRE(ledger.address_ranges == 0);
   REQUIRE(ledger.live_events == 0);
   const gpumem::DeviceStats stats = alloc.stats();
   REQUIRE(stats.allocated_bytes[gpumem::kAll].current == 0);
@@ -285,12 +286,15 @@ Target caching_target(CachingAllocator& alloc) {
   };
 }
 
-}  // namespace
 
-TEST_CASE("four threads on one device never take it past the limit, nor hand out overlapping blocks", "[threads]") {
+// Four threads on one device's allocator; `page` > 0 gives the device virtual memory, so new
+// memory comes from growable segments.
+void run_four_threads_on_one_device(std::size_t page) {
   SimBackend backend(kCapacity);
   backend.auto_complete_after(kEventQueries);
+  if (page > 0) backend.enable_virtual_memory(page);
   DeviceAllocator alloc(backend, 0, {kTightLimit, 0.0});
+  REQUIRE(alloc.growable() == (page > 0));
   const Target target = device_target(alloc);
   std::vector<ThreadLog> logs(kThreads);
 
@@ -310,6 +314,16 @@ TEST_CASE("four threads on one device never take it past the limit, nor hand out
 
   free_all(logs, target);
   require_all_returned(alloc, backend, 0);
+}
+
+}  // namespace
+
+TEST_CASE("four threads on one device never take it past the limit, nor hand out overlapping blocks", "[threads]") {
+  run_four_threads_on_one_device(0);
+}
+
+TEST_CASE("four threads on one device with growable segments never take it past the limit", "[threads][growable]") {
+  run_four_threads_on_one_device(2 << 20);
 }
 
 TEST_CASE("four threads on two devices through the CachingAllocator keep each device under its limit", "[threads]") {
