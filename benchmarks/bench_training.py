@@ -11,7 +11,7 @@ under one allocator per process.
   stops at the first out-of-memory error. Reports the largest batch that trained and, for the
   first that failed, what the error message says: the request, the bytes allocated and reserved
   but unallocated, and whether allocated + request exceeded the cap (it does not fit) or not
-  (reserved memory the allocator could not use made it fail). gpumem: gpumem.set_limit(cap);
+  (reserved memory the allocator could not use made it fail). gpumem, gpumem-plain: gpumem.set_limit(cap);
   native: torch.cuda.set_per_process_memory_fraction(cap / total), as the only cap it has.
 --mode reference: the cap search with no cap (run it with --allocator native): each batch's peak
   allocated bytes, stopping at the first batch whose peak passes --cap. The largest batch whose
@@ -70,7 +70,7 @@ def apply_cap(allocator: str, cap: int) -> int:
     """Caps the process at `cap` bytes the way `allocator` can; returns the limit in force."""
     import torch
 
-    if allocator == "gpumem":
+    if allocator.startswith("gpumem"):
         import gpumem
 
         gpumem.set_limit(cap)

@@ -1,7 +1,8 @@
 """What the Python benchmarks share: picking the allocator before torch starts, and output.
 
 Each benchmark process measures one allocator, named on its command line:
-  gpumem              gpumem installed as torch's CUDA allocator (gpumem.enable())
+  gpumem              gpumem installed as torch's CUDA allocator (gpumem.enable()), growable segments
+  gpumem-plain        the same with plain segments (GPUMEM_SEGMENTS=plain)
   native              PyTorch's own caching allocator
   native-expandable   the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 The choice has to be made before torch initializes CUDA (and, for the environment variable,
@@ -15,7 +16,7 @@ import statistics
 import sys
 import time
 
-ALLOCATORS = ("gpumem", "native", "native-expandable")
+ALLOCATORS = ("gpumem", "gpumem-plain", "native", "native-expandable")
 
 
 def select_allocator(name: str) -> None:
@@ -25,11 +26,14 @@ def select_allocator(name: str) -> None:
     if "torch" in sys.modules and name == "native-expandable":
         raise RuntimeError("select_allocator must run before torch is imported")
     os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    os.environ.pop("GPUMEM_SEGMENTS", None)
     if name == "native-expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if name == "gpumem-plain":
+        os.environ["GPUMEM_SEGMENTS"] = "plain"
     import gpumem  # imports torch; installs nothing by itself
 
-    if name == "gpumem":
+    if name.startswith("gpumem"):
         gpumem.enable()
 
 
@@ -41,9 +45,13 @@ def check_allocator(name: str) -> None:
     if not torch.cuda.is_available():
         sys.exit("this benchmark needs a CUDA GPU")
     torch.empty(1, device="cuda")  # initializes CUDA and the allocator
-    if gpumem.is_enabled() != (name == "gpumem"):
+    if gpumem.is_enabled() != name.startswith("gpumem"):
         sys.exit(f"asked for allocator {name!r} but gpumem.is_enabled() is {gpumem.is_enabled()}; "
                  "unset GPUMEM_LIMIT")
+    if name.startswith("gpumem"):
+        wanted = "plain" if name == "gpumem-plain" else "growable"
+        if gpumem.get_segments() != wanted:
+            sys.exit(f"asked for allocator {name!r} but gpumem's segments are {gpumem.get_segments()!r}")
 
 
 def log(message: str) -> None:

@@ -77,8 +77,11 @@ for ((r = 1; r <= EMPTY_ROUNDS; r++)); do
   done
 done
 
+# Round 1 also measures gpumem with plain segments; later rounds only what the targets compare.
 train_round() {
-  for a in gpumem native native-expandable; do
+  local allocators="gpumem native native-expandable"
+  (($1 == 1)) && allocators="gpumem gpumem-plain native native-expandable"
+  for a in $allocators; do
     run "training-step-$a-$1" 120 python3 benchmarks/bench_training.py --mode step --allocator "$a" \
       --out "$OUT/training-step-$a-$1.json"
   done
@@ -87,7 +90,7 @@ train_round 1
 # Part 4 before the further rounds of part 3: if time runs short, a repeat is what goes.
 run training-reference 120 python3 benchmarks/bench_training.py --mode reference --allocator native \
   --out "$OUT/training-reference.json"
-for a in gpumem native native-expandable; do
+for a in gpumem gpumem-plain native native-expandable; do
   run "training-cap-$a" 120 python3 benchmarks/bench_training.py --mode cap --allocator "$a" --out "$OUT/training-cap-$a.json"
 done
 for ((r = 2; r <= TRAIN_ROUNDS; r++)); do train_round "$r"; done

@@ -64,7 +64,7 @@ def torch_empty(out: pathlib.Path) -> None:
 
 
 def training_step(out: pathlib.Path) -> None:
-    runs = {a: load(out, f"training-step-{a}-*.json") for a in ("gpumem", "native", "native-expandable")}
+    runs = {a: load(out, f"training-step-{a}-*.json") for a in ("gpumem", "gpumem-plain", "native", "native-expandable")}
     if not (runs["gpumem"] and runs["native"]):
         return missing("3", "training step", "training-step-*.log")
     per_step = {a: statistics.median(p / len(r["lengths"]) * 1e3 for r in rs for p in r["pass_s"])
@@ -89,7 +89,7 @@ def training_step(out: pathlib.Path) -> None:
 
 def under_cap(out: pathlib.Path) -> None:
     reference = load(out, "training-reference.json")
-    caps = {a: load(out, f"training-cap-{a}.json") for a in ("gpumem", "native", "native-expandable")}
+    caps = {a: load(out, f"training-cap-{a}.json") for a in ("gpumem", "gpumem-plain", "native", "native-expandable")}
     if reference:
         ref = reference[0]
         row("4", f"largest batch whose peak allocated fits under {ref['cap'] / GiB:g} GiB (uncapped run)",
@@ -101,7 +101,7 @@ def under_cap(out: pathlib.Path) -> None:
             missing("4", f"largest batch under the cap, {a}", f"training-cap-{a}.log")
             continue
         r = found[0]
-        how = "gpumem.set_limit" if a == "gpumem" else "set_per_process_memory_fraction"
+        how = "gpumem.set_limit" if a.startswith("gpumem") else "set_per_process_memory_fraction"
         failure = r.get("failure") or {}
         value = f"{r['largest_batch']} (batch {failure.get('batch', '?')} failed: {failure.get('verdict', 'no failure')})"
         if not r.get("cap_held", True):
