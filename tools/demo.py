@@ -5,7 +5,7 @@ catches torch.OutOfMemoryError, shrinks the batch and trains on; then prints gpu
 Without one: replays a real training run, recorded on an H200 under PyTorch's own allocator
 (tests/python/data/gpt_adamw.pickle: a small GPT with AdamW), through gpumem's allocator on a
 simulated device under a 3 GB cap, prints the replay's report, and finds the smallest cap the run
-fits under.
+fits under, with growable segments (gpumem's default) and with plain ones.
 """
 import pathlib
 import sys
@@ -59,8 +59,11 @@ def replay_on_simulated_device():
           f"{size(result.original_peak_reserved)} in the recorded run\n")
     print(result.report())
     found = replay.min_limit(SNAPSHOT)
+    plain = replay.min_limit(SNAPSHOT, segments="plain")
     print(f"\nthe smallest cap it fits under: {size(found.limit)}, {found.ratio:.3f} x its peak allocated "
           f"({size(found.peak_allocated)}); {size(found.precision)} less fails")
+    print(f"with plain segments (gpumem.set_segments(\"plain\")) instead of growable ones: {size(plain.limit)}, "
+          f"{plain.ratio:.3f} x")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 // gpumem._C: the compiled layer under the gpumem Python package.
 //
 //   - the limit grammar (parse_limit, parse_limit_assignments, limit_forms, format_bytes);
-//   - the process's allocator over CUDA (install, set_limit, stats, ...): every function works
-//     before install(); a device's allocator is made on first use, so a limit set early holds
-//     from torch's first CUDA allocation on;
-//   - SimAllocator: the same core over a simulated device, for tests and trace replay (no GPU).
+//   - the process's allocator over CUDA (install, set_limit, set_growable, stats, ...): every
+//     function works before install(); a device's allocator is made on first use, so a limit or
+//     segment kind set early holds from torch's first CUDA allocation on;
+//   - SimAllocator: the same core over a simulated device, for tests and trace replay (no GPU);
+//     with page_size > 0 the device maps pages, and growable segments are in use by default.
 // Errors: LimitSpecError and DeviceError -> ValueError; gpumem's OutOfMemoryError ->
 // _C.OutOfMemoryError (a MemoryError); install() too late -> RuntimeError.
 #include <pybind11/pybind11.h>
@@ -52,19 +53,29 @@ py::list snapshot_list(const DeviceAllocator& device) {
       blocks.append(py::dict(py::arg("address") = b.addr, py::arg("size") = b.size, py::arg("requested") = b.requested,
                              py::arg("state") = state_name(b.state)));
     }
+    // "is_expandable" as in torch's snapshot: one entry per mapped stretch of a growable segment.
     segments.append(py::dict(py::arg("address") = s.addr, py::arg("size") = s.size, py::arg("stream") = s.stream,
                              py::arg("pool") = py::make_tuple(s.pool.first, s.pool.second),
-                             py::arg("small") = s.small, py::arg("blocks") = blocks));
+                             py::arg("small") = s.small, py::arg("is_expandable") = s.growable,
+                             py::arg("blocks") = blocks));
   }
   return segments;
 }
 
 void set_limit_bytes(DeviceAllocator& device, std::optional<std::size_t> nbytes) { device.set_limit(nbytes); }
 
+// The backend, mapping pages of `page_size` bytes if that is not 0. Decided before the core
+// exists: each device's allocator reads the page size once, when it is made.
+SimBackend& with_pages(SimBackend& backend, std::size_t page_size) {
+  if (page_size > 0) backend.enable_virtual_memory(page_size);
+  return backend;
+}
+
 // The core over a simulated device, by address as Python sees it.
 class SimAllocator {
  public:
-  SimAllocator(std::size_t capacity, int devices) : backend_(capacity, devices), core_(backend_) {}
+  SimAllocator(std::size_t capacity, int devices, std::size_t page_size)
+      : backend_(capacity, devices), core_(with_pages(backend_, page_size)) {}
 
   std::uintptr_t malloc(int device, std::size_t size, StreamId stream) {
     return reinterpret_cast<std::uintptr_t>(core_.raw_alloc(device, size, stream));
@@ -83,7 +94,8 @@ class SimAllocator {
     const SimBackend::Ledger l = backend_.ledger(device);
     return py::dict(py::arg("in_use") = l.in_use, py::arg("peak") = l.peak, py::arg("reserves") = l.reserves,
                     py::arg("releases") = l.releases, py::arg("refusals") = l.refusals, py::arg("syncs") = l.syncs,
-                    py::arg("live_events") = l.live_events);
+                    py::arg("live_events") = l.live_events, py::arg("mapped") = l.mapped, py::arg("maps") = l.maps,
+                    py::arg("unmaps") = l.unmaps, py::arg("address_ranges") = l.address_ranges);
   }
 
  private:
@@ -131,6 +143,14 @@ void bind_process_allocator(py::module_& m) {
         py::arg("device"), py::arg("share"));
   m.def("get_release_threshold", [core](int device) { return core().device(device).release_threshold(); },
         py::arg("device"));
+  m.def("set_growable", [core](int device, bool on) { core().device(device).set_growable(on); },
+        py::arg("device"), py::arg("on"), "Growable segments for new memory, or plain ones.");
+  m.def("get_growable", [core](int device) { return core().device(device).growable(); }, py::arg("device"),
+        "Whether growable segments are in effect: asked for, and the device can map pages.");
+  m.def("growable_supported", [core](int device) { return core().device(device).growable_supported(); },
+        py::arg("device"), "Whether the device can map pages (CUDA virtual memory management).");
+  m.def("page_size", [core](int device) { return core().device(device).page_size(); }, py::arg("device"),
+        "The device's mapping granularity in bytes; 0 where it cannot map pages.");
   m.def("empty_cache", [core] {
     for (int d = 0; d < core().device_count(); ++d) {
       if (DeviceAllocator* device = core().existing(d)) device->empty_cache();
@@ -155,7 +175,8 @@ void bind_process_allocator(py::module_& m) {
 
 void bind_sim_allocator(py::module_& m) {
   py::class_<SimAllocator>(m, "SimAllocator", "gpumem's allocator over a simulated device: no GPU, no memory touched.")
-      .def(py::init<std::size_t, int>(), py::arg("capacity"), py::arg("devices") = 1)
+      .def(py::init<std::size_t, int, std::size_t>(), py::arg("capacity"), py::arg("devices") = 1, py::kw_only(),
+           py::arg("page_size") = 0)
       .def("malloc", &SimAllocator::malloc, py::arg("device"), py::arg("size"), py::arg("stream") = 0)
       .def("free", &SimAllocator::free, py::arg("addr"))
       .def("record_stream", &SimAllocator::record_stream, py::arg("addr"), py::arg("stream"))
@@ -165,6 +186,9 @@ void bind_sim_allocator(py::module_& m) {
            py::arg("device"), py::arg("nbytes"))
       .def("get_limit", [](SimAllocator& s, int device) { return s.device(device).limit(); }, py::arg("device"))
       .def("reserved", [](SimAllocator& s, int device) { return s.device(device).reserved(); }, py::arg("device"))
+      .def("set_growable", [](SimAllocator& s, int device, bool on) { s.device(device).set_growable(on); },
+           py::arg("device"), py::arg("on"))
+      .def("growable", [](SimAllocator& s, int device) { return s.device(device).growable(); }, py::arg("device"))
       .def("stats", [](SimAllocator& s, int device) { return stats_dict(stats_of(s.core(), device)); }, py::arg("device"))
       .def("empty_cache", [](SimAllocator& s, int device) { s.device(device).empty_cache(); }, py::arg("device"))
       .def("complete_events", [](SimAllocator& s) { s.backend().complete_events(); })

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include "torch/allocator.h"
+#include "torch/error_bridge.h"
 
 namespace gpumem {
 
@@ -26,14 +27,18 @@ TorchAllocator::ShareableHandle TorchAllocator::shareIpcHandle(void* /*ptr*/) { 
 
 std::shared_ptr<void> TorchAllocator::getIpcDevPtr(std::string /*handle*/) { TORCH_CHECK(false, kNoIpc); }
 
+// Runtime peer access covers cudaMalloc'd memory only. Pages of growable segments carry their own
+// access list, so the backend also grants `dev` the pages mapped on `dev_to_access`, those mapped
+// so far and those it maps later.
 void TorchAllocator::enablePeerAccess(DeviceIndex dev, DeviceIndex dev_to_access) {
   c10::cuda::CUDAGuard guard(dev);
   const cudaError_t status = cudaDeviceEnablePeerAccess(dev_to_access, 0);
   if (status == cudaErrorPeerAccessAlreadyEnabled) {
     (void)cudaGetLastError();  // already on is success
-    return;
+  } else {
+    C10_CUDA_CHECK(status);
   }
-  C10_CUDA_CHECK(status);
+  with_c10_errors([&] { traced_.grant_peer(dev_to_access, dev); });
 }
 
 // Within a device, or with peer access on, a plain async copy; across devices without it, the peer

@@ -2,6 +2,9 @@
 // cache. A device whose allocator does not exist yet has allocated nothing: its statistics are
 // zero and asking for them creates nothing.
 #include <algorithm>
+#include <map>
+#include <utility>
+#include <vector>
 
 #include "torch/allocator.h"
 #include "torch/error_bridge.h"
@@ -97,9 +100,23 @@ std::pair<size_t, size_t> TorchAllocator::getMemoryInfo(DeviceIndex device) {
 #endif
 
 #if GPUMEM_TORCH_HAS_EXPANDABLE_SEGMENT_SIZES
+// Native lists its expandable segments, except those of the default stream, each with its stream,
+// pool kind and mapped bytes. gpumem keeps a growable segment per stream and size class of the default
+// pool, as native does, and answers the same way: the mapped stretches its snapshot lists, summed
+// per stream and size class (a second address range of a stream and class counts with the first).
 std::vector<c10::cuda::CUDACachingAllocator::StreamSegmentSize> TorchAllocator::getExpandableSegmentSizes(
-    DeviceIndex /*device*/) {
-  return {};  // gpumem has no expandable segments
+    DeviceIndex device) {
+  const gpumem::DeviceAllocator* d = with_c10_errors([&] { return core_.existing(device); });
+  if (!d) return {};
+  std::map<std::pair<StreamId, bool>, std::size_t> mapped;  // (stream, small) -> bytes
+  for (const SegmentInfo& segment : d->snapshot()) {
+    if (segment.growable && segment.stream != 0) mapped[{segment.stream, segment.small}] += segment.size;
+  }
+  std::vector<c10::cuda::CUDACachingAllocator::StreamSegmentSize> sizes;
+  for (const auto& [key, bytes] : mapped) {
+    sizes.emplace_back(reinterpret_cast<cudaStream_t>(key.first), key.second, bytes);
+  }
+  return sizes;
 }
 #endif
 

@@ -13,7 +13,7 @@ torch_compat::TorchSegmentInfo to_torch_segment(int device, const SegmentInfo& s
   out.total_size = segment.size;
   out.stream = reinterpret_cast<cudaStream_t>(segment.stream);
   out.is_large = !segment.small;
-  out.is_expandable = false;
+  out.is_expandable = segment.growable;  // the core lists each mapped stretch as a segment of its own
   out.owner_private_pool_id = torch_compat::to_torch(segment.pool);
   for (const BlockInfo& block : segment.blocks) {
     torch_compat::TorchBlockInfo info;

@@ -23,4 +23,20 @@ void TracingBackend::release(int device, void* ptr, std::size_t bytes) {
   inner_.release(device, ptr, bytes);
 }
 
+bool TracingBackend::map(int device, void* ptr, std::size_t bytes) {
+  const bool mapped = inner_.map(device, ptr, bytes);
+  if (mapped && history_.active()) {
+    const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+    history_.record(History::Action::SEGMENT_MAP, device, addr, bytes, request_stream, {});
+  }
+  return mapped;
+}
+
+void TracingBackend::unmap(int device, void* ptr, std::size_t bytes) {
+  if (history_.active()) {
+    history_.record(History::Action::SEGMENT_UNMAP, device, reinterpret_cast<std::uintptr_t>(ptr), bytes, 0, {});
+  }
+  inner_.unmap(device, ptr, bytes);
+}
+
 }  // namespace gpumem

@@ -1,7 +1,9 @@
 // A Backend that reports segment reserves and releases to the History (segment_alloc /
-// segment_free trace entries, which torch's memory viewer and trace trackers use), then forwards
-// to the real backend. The core does not know it is watched. Segments are reserved only on the
-// slow path, so the extra virtual call costs nothing that matters.
+// segment_free trace entries, which torch's memory viewer and trace trackers use), and the pages
+// growable segments map and unmap (segment_map / segment_unmap, as torch's expandable segments
+// report them), then forwards to the real backend. Address ranges hold no memory and are not
+// reported. The core does not know it is watched. Memory is reserved and mapped only on the slow
+// path, so the extra virtual call costs nothing that matters.
 #pragma once
 
 #include "core/backend.h"
@@ -25,6 +27,15 @@ class TracingBackend final : public Backend {
   bool event_done(int device, EventId event) override { return inner_.event_done(device, event); }
   void destroy_event(int device, EventId event) override { inner_.destroy_event(device, event); }
   void synchronize(int device) override { inner_.synchronize(device); }
+
+  std::size_t page_size(int device) override { return inner_.page_size(device); }
+  void* reserve_address(int device, std::size_t bytes) override { return inner_.reserve_address(device, bytes); }
+  void release_address(int device, void* ptr, std::size_t bytes) override {
+    inner_.release_address(device, ptr, bytes);
+  }
+  bool map(int device, void* ptr, std::size_t bytes) override;
+  void unmap(int device, void* ptr, std::size_t bytes) override;
+  void grant_peer(int device, int peer) override { inner_.grant_peer(device, peer); }
 
  private:
   Backend& inner_;

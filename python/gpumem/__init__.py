@@ -19,10 +19,12 @@ from gpumem._api import (
     empty_cache,
     enable,
     get_limit,
+    get_segments,
     is_enabled,
     reset_peak_stats,
     set_limit,
     set_release_threshold,
+    set_segments,
     stats,
 )
 from gpumem import timeline
@@ -33,11 +35,13 @@ __all__ = [
     "empty_cache",
     "enable",
     "get_limit",
+    "get_segments",
     "is_enabled",
     "report",
     "reset_peak_stats",
     "set_limit",
     "set_release_threshold",
+    "set_segments",
     "stats",
     "timeline",
 ]

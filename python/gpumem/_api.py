@@ -3,15 +3,17 @@ from __future__ import annotations
 
 import numbers
 import threading
+import warnings
 from typing import Optional
 
 import torch
 
-from gpumem import _C, _devices, _env, _limits
+from gpumem import _C, _devices, _env, _limits, _segments
 from gpumem._devices import Device
 from gpumem._limits import Limit
 
-# Installing and applying GPUMEM_LIMIT happen once; a set_limit racing with it must come after.
+# Installing and applying GPUMEM_LIMIT and GPUMEM_SEGMENTS happen once; a set_limit or set_segments
+# racing with it must come after.
 _lock = threading.Lock()
 
 _TORCH_ALLOCATOR_IN_USE = (
@@ -44,8 +46,36 @@ def get_limit(device: Device = None) -> int:
     return _C.get_limit(_devices.index(device))
 
 
+def set_segments(kind: str, device: Device = None) -> None:
+    """Where new memory comes from, on every visible device or on `device`.
+
+    "growable" (the default where the driver supports CUDA virtual memory management): segments
+    that reserve an address range and map pages of device memory into it as they grow, so pages
+    freed in one place can serve a larger request elsewhere. "plain": one cudaMalloc per
+    segment. Memory already reserved stays as it is; the kind applies to new memory. A device
+    that cannot map pages keeps plain segments, with a warning. The first call installs gpumem
+    as PyTorch's CUDA allocator (GPUMEM_LIMIT and GPUMEM_SEGMENTS apply first, then this kind).
+    A bad kind raises and changes nothing.
+    """
+    growable = _segments.growable(kind)
+    with _lock:
+        _refuse_if_torch_allocator_in_use()
+        devices = _devices.targets(device)
+        _enable_locked()
+        _apply_segments(devices, growable)
+
+
+def get_segments(device: Device = None) -> str:
+    """The segment kind in effect on `device` (the current device for None): "growable" or "plain".
+
+    "plain" where growable segments were asked for but the device cannot map pages.
+    """
+    return _segments.kind(_C.get_growable(_devices.index(device)))
+
+
 def enable() -> None:
-    """Installs gpumem as PyTorch's CUDA allocator, with the limits of GPUMEM_LIMIT if it is set."""
+    """Installs gpumem as PyTorch's CUDA allocator, with GPUMEM_LIMIT's limits and GPUMEM_SEGMENTS's
+    segment kind where they are set."""
     with _lock:
         _enable_locked()
 
@@ -85,8 +115,11 @@ def _enable_locked() -> None:
         return
     _refuse_if_torch_allocator_in_use()
     limits = _env.limits()
+    growable = _env.segments()
     _C.install()
     _apply(limits)
+    if growable is not None:
+        _apply_segments(range(_C.device_count()), growable)
 
 
 def _refuse_if_torch_allocator_in_use() -> None:
@@ -97,3 +130,17 @@ def _refuse_if_torch_allocator_in_use() -> None:
 def _apply(limits: dict[int, Optional[int]]) -> None:
     for device, nbytes in limits.items():
         _C.set_limit_bytes(device, nbytes)
+
+
+def _apply_segments(devices, growable: bool) -> None:
+    for device in devices:
+        _C.set_growable(device, growable)
+    if not growable:
+        return
+    unsupported = [device for device in devices if not _C.growable_supported(device)]
+    if unsupported:
+        names = ", ".join(str(d) for d in unsupported)
+        warnings.warn(
+            f"gpumem: growable segments were asked for, but CUDA device(s) {names} cannot map memory "
+            "pages (the driver lacks CUDA virtual memory management); they keep plain segments.",
+            RuntimeWarning, stacklevel=3)

@@ -10,7 +10,10 @@ program can allocate CUDA memory. `state` says what it did, for tests and for pe
     "skipped: the gpumem command"  see _is_the_gpumem_command
 
 A GPUMEM_LIMIT that cannot be applied stops the program with exit status 2 and one line on
-stderr, `gpumem: bad GPUMEM_LIMIT "4XB": ...`, rather than let it run without the cap.
+stderr, `gpumem: bad GPUMEM_LIMIT "4XB": ...`, rather than let it run without the cap. So does a
+bad GPUMEM_SEGMENTS (`gpumem: bad GPUMEM_SEGMENTS "fast": ...`), which gpumem.enable() applies
+with the limits. GPUMEM_SEGMENTS alone does not install gpumem: it says which segments gpumem
+uses once something installs it.
 
 Counting the devices, as gpumem.enable() does too, starts the CUDA driver at torch's import in
 every process that has GPUMEM_LIMIT set (DataLoader workers started by spawn, say). CUDA cannot
@@ -41,7 +44,8 @@ state = "not run"
 
 
 def install() -> None:
-    """Installs gpumem with GPUMEM_LIMIT's limits; exits with status 2 if they cannot be applied."""
+    """Installs gpumem with GPUMEM_LIMIT's limits and GPUMEM_SEGMENTS's segment kind; exits with
+    status 2 if they cannot be applied."""
     global state
     text = os.environ.get(_env.VARIABLE)
     if text is None:
@@ -50,6 +54,7 @@ def install() -> None:
         state = "skipped: the gpumem command"
         return
     _stop_if_bad(text, _syntax_error(text))
+    _stop_if_bad_segments()
     if _C.device_count() == 0:
         state = "no CUDA device"
         return
@@ -73,6 +78,16 @@ def _syntax_error(text: str) -> Optional[str]:
     return None
 
 
+def _stop_if_bad_segments() -> None:
+    try:
+        _env.segments()
+    except ValueError as error:
+        text = os.environ[_env.SEGMENTS_VARIABLE]
+        reason = _without_prefixes(str(error), text, _env.SEGMENTS_VARIABLE).rstrip(".")
+        _stop(f'gpumem: bad {_env.SEGMENTS_VARIABLE} "{text}": {reason}. The program stops rather than '
+              f"run with segments it did not ask for: fix {_env.SEGMENTS_VARIABLE} or unset it.")
+
+
 def _is_the_gpumem_command() -> bool:
     """The gpumem command reads GPUMEM_LIMIT itself (`gpumem info` reports a bad one, `gpumem run`
     hands it to the program it starts) and allocates no CUDA memory, so it is left alone."""
@@ -90,9 +105,9 @@ def _stop_if_bad(text: str, error: Optional[str]) -> None:
               f"without the cap: fix {_env.VARIABLE} or unset it.")
 
 
-def _without_prefixes(message: str, text: str) -> str:
+def _without_prefixes(message: str, text: str, variable: str = _env.VARIABLE) -> str:
     """The reason alone: without "gpumem: ", nor what the line already says (the variable, the value)."""
-    prefixes = re.compile(rf'gpumem: |{_env.VARIABLE}={re.escape(repr(text))} cannot be applied: '
+    prefixes = re.compile(rf'gpumem: |{variable}={re.escape(repr(text))} cannot be applied: '
                           r'|bad limit(?: list)? "[^"]*": ')
     while (found := prefixes.match(message)) is not None:
         message = message[found.end():]

@@ -1,12 +1,17 @@
-"""GPUMEM_LIMIT: the limits that apply when gpumem is installed, "4GB" or per device "0:4GB,1:8GB"."""
+"""The environment's settings, applied when gpumem is installed.
+
+    GPUMEM_LIMIT     the limits: "4GB" for every device, or per device "0:4GB,1:8GB"
+    GPUMEM_SEGMENTS  the segment kind on every device: "growable" or "plain"
+"""
 from __future__ import annotations
 
 import os
 from typing import Mapping, Optional
 
-from gpumem import _C, _devices, _limits
+from gpumem import _C, _devices, _limits, _segments
 
 VARIABLE = "GPUMEM_LIMIT"
+SEGMENTS_VARIABLE = "GPUMEM_SEGMENTS"
 
 
 def limits(environ: Mapping[str, str] = os.environ) -> dict[int, Optional[int]]:
@@ -19,6 +24,19 @@ def limits(environ: Mapping[str, str] = os.environ) -> dict[int, Optional[int]]:
     except ValueError as error:
         # A typo must stop the run, never leave it uncapped.
         raise ValueError(f"gpumem: {VARIABLE}={text!r} cannot be applied: {error}") from None
+
+
+def segments(environ: Mapping[str, str] = os.environ) -> Optional[bool]:
+    """Whether GPUMEM_SEGMENTS asks for growable segments; None when it is unset. A bad value
+    raises ValueError naming the variable, its value and the accepted forms."""
+    text = environ.get(SEGMENTS_VARIABLE)
+    if text is None:
+        return None
+    try:
+        return _segments.growable(text)
+    except ValueError:
+        raise ValueError(f"gpumem: {SEGMENTS_VARIABLE}={text!r} cannot be applied: "
+                         f"give {_segments.FORMS}") from None
 
 
 def _assigned(text: str) -> dict[int, Optional[int]]:

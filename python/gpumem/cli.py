@@ -4,10 +4,12 @@
     gpumem run --limit 4GB -- python train.py    run a program under a limit
     gpumem replay SNAPSHOT --limit 4GB           would a recorded run fit under 4 GB?
     gpumem replay SNAPSHOT --min-limit           the smallest limit it fits under
+    gpumem replay ... --segments plain           ... with plain segments (default: growable)
 
 Exit status: 0 on success (for replay: the trace fits); 1 when a replay does not fit (or, for
-info, GPUMEM_LIMIT is invalid); 2 for a usage error: bad arguments, a bad limit, a snapshot that
-cannot be read. `run` passes the program's own exit status through (127 if it is not found).
+info, GPUMEM_LIMIT or GPUMEM_SEGMENTS is invalid); 2 for a usage error: bad arguments, a bad
+limit, a snapshot that cannot be read. `run` passes the program's own exit status through (127 if
+it is not found).
 """
 from __future__ import annotations
 
@@ -17,12 +19,13 @@ import os
 import sys
 from typing import Callable, Optional, Sequence
 
-from gpumem import _C
+from gpumem import _C, _segments
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 _ANY_TOTAL = 1 << 62  # checks a spec's syntax: every real device is smaller
 _LIMIT_VARIABLE = "GPUMEM_LIMIT"
+_SEGMENTS_VARIABLE = "GPUMEM_SEGMENTS"
 _FORMS = _C.limit_forms.replace("%", "%%")  # argparse %-formats help texts
 
 
@@ -52,8 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", metavar="{info,run,replay}")
 
     info = verbs.add_parser("info", help="devices, limits and the current memory report",
-                            description="Shows the visible CUDA devices, the limits GPUMEM_LIMIT sets and "
-                                        "this process's memory report. Without a GPU it says so and exits 0.")
+                            description="Shows the visible CUDA devices, the limits GPUMEM_LIMIT sets, "
+                                        "GPUMEM_SEGMENTS and this process's memory report. Without a GPU it "
+                                        "says so and exits 0.")
     info.set_defaults(handler=_info)
 
     run = verbs.add_parser("run", help="run a program with a limit (GPUMEM_LIMIT)",
@@ -80,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--device-total", type=_checked(_bytes),
                         help="the device's memory, e.g. 80GB (default: as the snapshot records it, else twice "
                              "what the trace needs); percentages in --limit are of this")
+    replay.add_argument("--segments", choices=(_segments.GROWABLE, _segments.PLAIN), default=_segments.GROWABLE,
+                        help="the segments gpumem replays with: growable (the default, as on a GPU with CUDA "
+                             "virtual memory management; 2 MiB pages) or plain (one cudaMalloc per segment)")
     replay.add_argument("--plot", metavar="PNG", help="draw allocated, reserved and the limit over time to this file")
     replay.set_defaults(handler=_replay)
     return parser
@@ -135,6 +142,7 @@ def _info(args) -> int:
     except ValueError as error:
         print(f"{_LIMIT_VARIABLE} is invalid: {_without_prefix(str(error))}")
         limits = None
+    segments_ok = _print_env_segments()
     if count == 0:
         print("no CUDA device was found")
     for d in range(count):
@@ -143,7 +151,21 @@ def _info(args) -> int:
         print(f"device {d}: {_device_name(d)}, {_C.format_bytes(total)} total, {_C.format_bytes(free)} free{under}")
     if count:
         print(report.collect())
-    return EXIT_FAILED if limits is None else 0
+    return EXIT_FAILED if limits is None or not segments_ok else 0
+
+
+def _print_env_segments() -> bool:
+    """Prints GPUMEM_SEGMENTS; False if it is set to something gpumem would refuse."""
+    text = os.environ.get(_SEGMENTS_VARIABLE)
+    print(f"{_SEGMENTS_VARIABLE}: " + ("unset" if text is None else repr(text)))
+    if text is None:
+        return True
+    try:
+        _segments.growable(text)
+    except ValueError as error:
+        print(f"{_SEGMENTS_VARIABLE} is invalid: {_without_prefix(str(error))}")
+        return False
+    return True
 
 
 def _env_limits(text: str, count: int) -> dict[int, str]:
@@ -190,16 +212,17 @@ def _replay(args) -> int:
     if args.plot:
         _require_matplotlib()
     snapshot = snapshot_file.load(args.snapshot)
+    where = {"device": args.device, "total": args.device_total, "segments": args.segments}
     if args.min_limit:
-        found = replay.min_limit(snapshot, precision=args.precision, device=args.device, total=args.device_total)
+        found = replay.min_limit(snapshot, precision=args.precision, **where)
         _print_min_limit(found)
         if found.limit is None:
             return EXIT_FAILED
         result = None
         if args.plot:
-            result = replay.replay(snapshot, found.limit, device=args.device, total=args.device_total)
+            result = replay.replay(snapshot, found.limit, **where)
     else:
-        result = replay.replay(snapshot, args.limit, device=args.device, total=args.device_total)
+        result = replay.replay(snapshot, args.limit, **where)
         _print_replay(args.snapshot, result)
     if args.plot:
         result.report().plot(args.plot)
@@ -231,6 +254,7 @@ def _print_replay(path: str, r) -> None:
         ("replayed", f"{r.allocs_replayed} allocs, {r.frees_replayed} frees, "
                      f"{r.initial_blocks} blocks alive before the trace"),
         ("simulated device", f"{size(r.capacity)} ({_SOURCES[r.capacity_source]})"),
+        ("segments", _segments_text(r.segments)),
         ("limit", f"{size(r.limit)} ({r.limit} bytes)"),
         ("result", "fits" if r.fits else f"FAILED: {_failure_text(r.failure)}"),
         ("peak allocated", size(r.peak_allocated)),
@@ -244,6 +268,14 @@ def _print_replay(path: str, r) -> None:
     _print_rows(rows)
     if not r.fits:
         print(f"\n{r.failure.message}")
+
+
+def _segments_text(kind: str) -> str:
+    from gpumem.replay import PAGE_SIZE
+
+    if kind == _segments.GROWABLE:
+        return f"growable ({_C.format_bytes(PAGE_SIZE)} pages mapped into reserved address ranges)"
+    return "plain (one cudaMalloc per segment)"
 
 
 def _failure_text(failure) -> str:
@@ -260,6 +292,7 @@ def _print_min_limit(m) -> None:
         return
     _print_rows([
         ("min limit", f"{size(m.limit)} ({m.limit} bytes): fits; {size(m.precision)} less fails"),
+        ("segments", _segments_text(m.segments)),
         ("peak allocated", f"{size(m.peak_allocated)} ({m.peak_allocated} bytes)"),
         ("ratio", f"{m.ratio:.3f} x peak allocated"),
         ("replays", str(m.replays)),

@@ -21,6 +21,17 @@ Note [peak allocated]
   whenever every block is its rounded request. A block can be larger only when a large-pool block
   keeps a remainder of 1 MiB or less rather than splitting it (as in PyTorch), so the replay's peak
   is never below the trace's and exceeds it by at most 1 MiB per such block alive at the peak.
+
+Note [segments]
+  A replay uses the segment kind asked for, "growable" by default as on a GPU whose driver has
+  CUDA virtual memory management: the simulated device then maps pages of PAGE_SIZE (2 MiB, the
+  granularity of current NVIDIA GPUs) into reserved address ranges. "plain" replays with one
+  simulated cudaMalloc per segment, as on a device without it or under
+  gpumem.set_segments("plain"). Growable segments fragment less, so a trace usually fits under
+  a lower limit with them; the original run's figures are whatever its allocator used.
+  Replayed with plain segments, a run PyTorch recorded with plain segments gets its blocks split
+  as PyTorch split them, and so PyTorch's peak allocated exactly; growable segments place blocks
+  differently, and their peak differs from it by unsplit remainders (see Note [peak allocated]).
 """
 from __future__ import annotations
 
@@ -29,11 +40,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from gpumem import _C
+from gpumem import _C, _segments
 from gpumem.snapshot_file import Segment, Snapshot, Source, load
 
 MIN_BLOCK = 512
 MiB = 1 << 20
+PAGE_SIZE = 2 * MiB  # the simulated device's mapping granularity for growable segments
 MAX_TIMELINE_POINTS = 5000
 
 Limit = Union[str, int, None]
@@ -66,6 +78,7 @@ class ReplayResult:
     limit: int
     capacity: int
     capacity_source: str  # "snapshot", "given" or "trace"
+    segments: str  # "growable" or "plain": see Note [segments]
     fits: bool
     failure: Optional[Failure]
     peak_allocated: int
@@ -95,6 +108,7 @@ class ReplayResult:
             "largest_free_block": self.largest_free_block,
             "timeline": [((t - origin) / 1e6, a, r) for t, a, r in self.timeline],
             "simulated": True,
+            "segments": self.segments,
         }}, title="gpumem replay on the simulated device")
 
 
@@ -111,19 +125,22 @@ class MinLimit:
     precision: int
     capacity: int
     replays: int
+    segments: str = _segments.GROWABLE
 
 
 def replay(snapshot: Union[Snapshot, Source], limit: Limit, device: Optional[int] = None,
-           total: Optional[int] = None) -> ReplayResult:
+           total: Optional[int] = None, segments: str = _segments.GROWABLE) -> ReplayResult:
     """Replays `device`'s trace (the first device with events for None) under `limit`.
 
     `limit` is a spec ("4GB", "50%", "none") or a byte count. The simulated device has `total`
     bytes if given, else the device total the snapshot records, else max(limit, 2 × the peak the
-    trace needs); a percentage or fraction is of that size.
+    trace needs); a percentage or fraction is of that size. `segments` is "growable" or "plain"
+    (see Note [segments]).
     """
+    growable = _segments.growable(segments)
     plan = _Plan.of(_loaded(snapshot), device)
     capacity, source = _capacity(plan, limit, total)
-    return _run(plan, capacity, source, _limit_bytes(limit, capacity), timeline=True)
+    return _run(plan, _Device(capacity, source, growable), _limit_bytes(limit, capacity), timeline=True)
 
 
 def peak_allocated_from_trace(snapshot: Union[Snapshot, Source], device: Optional[int] = None) -> int:
@@ -133,7 +150,7 @@ def peak_allocated_from_trace(snapshot: Union[Snapshot, Source], device: Optiona
 
 
 def min_limit(snapshot: Union[Snapshot, Source], precision: int = MiB, device: Optional[int] = None,
-              total: Optional[int] = None) -> MinLimit:
+              total: Optional[int] = None, segments: str = _segments.GROWABLE) -> MinLimit:
     """Bisects limits on the grid peak_allocated + k × precision, up to the simulated device's size.
 
     The result fits, and the grid point below it (`precision` bytes lower) fails. Fitting is not
@@ -142,12 +159,16 @@ def min_limit(snapshot: Union[Snapshot, Source], precision: int = MiB, device: O
     637 MiB). So the result is a limit that fits with the one right below it failing, which the
     bisection finds in log2(steps) replays; a smaller limit may fit too. `precision` is rounded up
     to a multiple of 512 bytes; `peak_allocated` is the trace's (see Note [peak allocated]).
+    `segments` is "growable" or "plain" (see Note [segments]).
     """
     if precision <= 0:
         raise ValueError(f"gpumem: precision {precision} is not a positive number of bytes")
     precision = block_size(precision)
+    growable = _segments.growable(segments)
     plan = _Plan.of(_loaded(snapshot), device)
     capacity, source = _capacity(plan, None, total)
+    sim_device = _Device(capacity, source, growable)
+    kind = _segments.kind(growable)
     floor = plan.peak_allocated
     steps = max(0, math.ceil((capacity - floor) / precision))
 
@@ -155,12 +176,12 @@ def min_limit(snapshot: Union[Snapshot, Source], precision: int = MiB, device: O
         return min(floor + k * precision, capacity)
 
     def fits(k: int) -> bool:
-        return _run(plan, capacity, source, candidate(k), timeline=False).fits
+        return _run(plan, sim_device, candidate(k), timeline=False).fits
 
     if floor > capacity:
-        return MinLimit(None, floor, None, precision, capacity, replays=0)
+        return MinLimit(None, floor, None, precision, capacity, replays=0, segments=kind)
     if not fits(steps):
-        return MinLimit(None, floor, None, precision, capacity, replays=1)
+        return MinLimit(None, floor, None, precision, capacity, replays=1, segments=kind)
     low, high, replays = -1, steps, 1  # below the peak every limit fails; the top fits
     while high - low > 1:
         middle = (low + high) // 2
@@ -170,7 +191,7 @@ def min_limit(snapshot: Union[Snapshot, Source], precision: int = MiB, device: O
         else:
             low = middle
     found = candidate(high)
-    return MinLimit(found, floor, found / floor if floor else None, precision, capacity, replays)
+    return MinLimit(found, floor, found / floor if floor else None, precision, capacity, replays, kind)
 
 
 # ---- the plan: the trace as allocs and frees of numbered blocks --------------------------------
@@ -346,8 +367,20 @@ def _absolute_bytes(limit: Limit) -> Optional[int]:
     return sizes.pop() if len(sizes) == 1 else None
 
 
-def _run(plan: _Plan, capacity: int, capacity_source: str, limit: int, timeline: bool) -> ReplayResult:
-    sim = _C.SimAllocator(capacity)
+@dataclass(frozen=True)
+class _Device:
+    """The simulated device a plan runs on."""
+
+    capacity: int
+    capacity_source: str
+    growable: bool
+
+    def allocator(self):
+        return _C.SimAllocator(self.capacity, page_size=PAGE_SIZE if self.growable else 0)
+
+
+def _run(plan: _Plan, sim_device: _Device, limit: int, timeline: bool) -> ReplayResult:
+    sim = sim_device.allocator()
     sim.set_limit_bytes(0, limit)
     walk = _Walk(sim, plan, timeline)
     walk.run()
@@ -355,8 +388,9 @@ def _run(plan: _Plan, capacity: int, capacity_source: str, limit: int, timeline:
     return ReplayResult(
         device=plan.device,
         limit=limit,
-        capacity=capacity,
-        capacity_source=capacity_source,
+        capacity=sim_device.capacity,
+        capacity_source=sim_device.capacity_source,
+        segments=_segments.kind(sim_device.growable),
         fits=walk.failure is None,
         failure=walk.failure,
         peak_allocated=stats["allocated_bytes.all.peak"],

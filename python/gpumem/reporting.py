@@ -3,10 +3,11 @@
 A Report is built from values, so it works without a GPU: `Report.from_stats` takes a dict per
 device, `Report.from_sim` reads a simulated allocator, and `collect` reads gpumem's allocator in
 this process. Per device it shows allocated and reserved bytes (current and peak), inactive split
-bytes, the limit, the largest free cached block, the device's total and free memory, the failure
-and release counters, and an estimate of the memory this process holds outside PyTorch's
-allocator: device used (total - free) minus reserved. That estimate also counts the CUDA context,
-libraries' workspaces and every other process on the device, so it is labelled as one.
+bytes, the limit, the segment kind in effect (growable or plain), the largest free cached block,
+the device's total and free memory, the failure and release counters, and an estimate of the
+memory this process holds outside PyTorch's allocator: device used (total - free) minus reserved.
+That estimate also counts the CUDA context, libraries' workspaces and every other process on the
+device, so it is labelled as one.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
-from gpumem import _C
+from gpumem import _C, _segments
 
 OUTSIDE_NOTE = (
     "estimate: device used (total - free) minus reserved; the CUDA context, libraries and other "
@@ -33,6 +34,7 @@ class DeviceReport:
     largest_free_block: Optional[int] = None
     timeline: list = field(default_factory=list)  # [(seconds, allocated, reserved)]
     simulated: bool = False  # a simulated device: nothing outside gpumem uses it
+    segments: Optional[str] = None  # the segment kind in effect: "growable" or "plain"
 
     def stat(self, key: str) -> int:
         return int(self.stats.get(key, 0))
@@ -64,7 +66,7 @@ class Report:
     def from_stats(cls, per_device: Union[Mapping[int, Mapping], Sequence[Mapping]],
                    title: str = "gpumem memory report") -> "Report":
         """From {device: {"stats": {...}, "limit", "total", "free", "largest_free_block",
-        "timeline"}} (or a list by device index); every key but "stats" is optional."""
+        "timeline", "segments"}} (or a list by device index); every key but "stats" is optional."""
         items = per_device.items() if isinstance(per_device, Mapping) else enumerate(per_device)
         devices = []
         for device, values in items:
@@ -79,6 +81,7 @@ class Report:
                 largest_free_block=values.get("largest_free_block"),
                 timeline=list(values.get("timeline") or []),
                 simulated=bool(values.get("simulated", False)),
+                segments=values.get("segments"),
             ))
         return cls(devices, title)
 
@@ -95,6 +98,7 @@ class Report:
             "free": None if total is None else total - sim.reserved(d),
             "largest_free_block": sim.largest_free_block(d),
             "simulated": True,
+            "segments": _segments.kind(sim.growable(d)),
         } for d in indices}, title)
 
     # ---- rendering ----------------------------------------------------------------------------
@@ -158,7 +162,8 @@ def collect(device=None) -> Report:
     for d in indices:
         free, total = _C.mem_info(d)
         per_device[d] = {"stats": _C.stats(d), "limit": _C.get_limit(d), "total": total, "free": free,
-                         "largest_free_block": _C.largest_free_block(d), "timeline": timeline.points(d)}
+                         "largest_free_block": _C.largest_free_block(d), "timeline": timeline.points(d),
+                         "segments": _segments.kind(_C.get_growable(d))}
     return Report.from_stats(per_device)
 
 
@@ -178,6 +183,7 @@ def _rows(d: DeviceReport) -> list[tuple[str, str, str]]:
         ("inactive split", _size(d.stat("inactive_split_bytes.all.current")),
          _size(d.stat("inactive_split_bytes.all.peak"))),
         ("limit", _size(d.limit), ""),
+    ] + ([] if d.segments is None else [("segments", d.segments, "")]) + [
         ("largest free block", _size(d.largest_free_block), ""),
         ("device total", _size(d.total), ""),
         ("device free", _size(d.free), ""),

@@ -21,9 +21,14 @@ struct FakeCudaContext final : CudaContext {
   StreamId current_stream(int) override { return stream; }
 };
 
-// A fresh adapter per test: `capacity` bytes on each of `devices` simulated devices.
+// A fresh adapter per test: `capacity` bytes on each of `devices` simulated devices, which map pages
+// of `page_size` bytes (growable segments in use) unless it is 0.
 struct SimAdapter {
-  explicit SimAdapter(std::size_t capacity = 1 * GiB, int devices = 2) : backend(capacity, devices) {}
+  explicit SimAdapter(std::size_t capacity = 1 * GiB, int devices = 2, std::size_t page_size = 0)
+      : backend(capacity, devices) {
+    // Before any device's allocator exists (they are made on first use), which reads the page size.
+    if (page_size > 0) backend.enable_virtual_memory(page_size);
+  }
 
   SimBackend backend;
   std::unique_ptr<FakeCudaContext> owned_context = std::make_unique<FakeCudaContext>();

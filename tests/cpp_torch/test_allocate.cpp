@@ -220,7 +220,9 @@ TEST_CASE("CUDA IPC is refused with a message that says gpumem does not support 
   REQUIRE_THROWS_WITH(sim.adapter.getIpcDevPtr("handle"), Catch::Contains("(CUDA IPC)"));
 }
 
-TEST_CASE("the allocator never has expandable segments", "[torch][lifecycle]") {
+TEST_CASE("a device with plain segments lists no expandable segments", "[torch][lifecycle]") {
   SimAdapter sim;
+  sim.context.stream = 7;
+  c10::DataPtr a = sim.adapter.allocate(8 * MiB);
   REQUIRE(sim.adapter.getExpandableSegmentSizes(0).empty());
 }

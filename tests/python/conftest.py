@@ -19,13 +19,14 @@ def pytest_configure(config):
 
 @pytest.fixture
 def fake_c(monkeypatch):
-    """gpumem's Python layer over two fake 8 GiB devices, CUDA not yet initialized, GPUMEM_LIMIT unset."""
+    """gpumem's Python layer over two fake 8 GiB devices that map pages, CUDA not yet initialized,
+    GPUMEM_LIMIT and GPUMEM_SEGMENTS unset."""
     fake = FakeC([8 * GiB, 8 * GiB])
     use_fake_c(monkeypatch, fake)
     return fake
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # holds no state: module fixtures may share one process's result
 def run_python():
     """Runs Python code in a fresh interpreter and returns the JSON value it prints last.
 
@@ -38,7 +39,7 @@ def run_python():
         script = "\n".join(["import json, torch, gpumem"] + [textwrap.dedent(part) for part in parts])
         completed = subprocess.run(
             [sys.executable, "-c", script],
-            env={**_environment_without_gpumem_limit(), **(env or {})},
+            env={**_environment_without_gpumem_settings(), **(env or {})},
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -53,6 +54,6 @@ def run_python():
     return run
 
 
-def _environment_without_gpumem_limit() -> dict:
-    # A GPUMEM_LIMIT in the caller's shell must not change what a test sets up.
-    return {name: value for name, value in os.environ.items() if name != "GPUMEM_LIMIT"}
+def _environment_without_gpumem_settings() -> dict:
+    # A GPUMEM_LIMIT or GPUMEM_SEGMENTS in the caller's shell must not change what a test sets up.
+    return {name: value for name, value in os.environ.items() if name not in ("GPUMEM_LIMIT", "GPUMEM_SEGMENTS")}

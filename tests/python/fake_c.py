@@ -1,7 +1,9 @@
 """A stand-in for gpumem._C on a machine with no GPU.
 
 The limit grammar is the real one; each fake device is a real SimAllocator of its own size, so
-limits set through the Python API land in an allocator that enforces them.
+limits and segment kinds set through the Python API land in an allocator that enforces them.
+Each device maps 2 MiB pages (growable segments in use, as on a GPU with CUDA virtual memory
+management) unless its page size is given as 0.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 from gpumem import _C
 
 GiB = 1 << 30
+PAGE = 2 << 20
 
 
 class FakeC:
@@ -21,9 +24,10 @@ class FakeC:
     format_bytes = staticmethod(_C.format_bytes)
     OutOfMemoryError = _C.OutOfMemoryError
 
-    def __init__(self, totals: list[int]):
+    def __init__(self, totals: list[int], page_sizes: list[int] | None = None):
         self.totals = list(totals)
-        self.sims = [_C.SimAllocator(total) for total in totals]
+        self.page_sizes = list(page_sizes) if page_sizes is not None else [PAGE] * len(totals)
+        self.sims = [_C.SimAllocator(total, page_size=page) for total, page in zip(totals, self.page_sizes)]
         self.installed = False
         self.install_calls = 0
         self.release_thresholds = [0.0] * len(totals)
@@ -33,6 +37,10 @@ class FakeC:
 
     def limits(self) -> list[int]:
         return [self.get_limit(device) for device in range(len(self.totals))]
+
+    def segments(self) -> list[bool]:
+        """Whether growable segments are in effect, per device."""
+        return [self.get_growable(device) for device in range(len(self.totals))]
 
     def malloc(self, device: int, size: int) -> int:
         return self._sim(device).malloc(0, size)
@@ -70,6 +78,20 @@ class FakeC:
         self._sim(device)
         return self.release_thresholds[device]
 
+    def set_growable(self, device: int, on: bool) -> None:
+        self._sim(device).set_growable(0, on)
+
+    def get_growable(self, device: int) -> bool:
+        return self._sim(device).growable(0)
+
+    def growable_supported(self, device: int) -> bool:
+        self._sim(device)
+        return self.page_sizes[device] > 0
+
+    def page_size(self, device: int) -> int:
+        self._sim(device)
+        return self.page_sizes[device]
+
     def empty_cache(self) -> None:
         for sim in self.sims:
             sim.empty_cache(0)
@@ -88,10 +110,11 @@ class FakeC:
 
 
 def use_fake_c(monkeypatch, fake: FakeC) -> None:
-    """Points gpumem at `fake`, with CUDA not yet initialized and GPUMEM_LIMIT unset."""
+    """Points gpumem at `fake`, with CUDA not yet initialized and GPUMEM_LIMIT and GPUMEM_SEGMENTS unset."""
     # Every gpumem module that holds the compiled module by name gets the fake instead.
     for name, module in list(sys.modules.items()):
         if (name == "gpumem" or name.startswith("gpumem.")) and getattr(module, "_C", None) is _C:
             monkeypatch.setattr(module, "_C", fake)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.delenv("GPUMEM_LIMIT", raising=False)
+    monkeypatch.delenv("GPUMEM_SEGMENTS", raising=False)

@@ -16,7 +16,7 @@ MiB = 1 << 20
 
 
 def gpumem(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    environment = {name: value for name, value in os.environ.items() if name != "GPUMEM_LIMIT"}
+    environment = {name: value for name, value in os.environ.items() if name not in ("GPUMEM_LIMIT", "GPUMEM_SEGMENTS")}
     return subprocess.run([sys.executable, "-m", "gpumem", *args], env={**environment, **(env or {})},
                           capture_output=True, text=True, timeout=300)
 
@@ -142,6 +142,32 @@ def test_replay_min_limit_prints_the_limit_in_bytes():
     assert value_of(completed.stdout, "ratio") == f"{expected.ratio:.3f} x peak allocated"
 
 
+def test_replay_uses_growable_segments_by_default_and_says_so():
+    completed = gpumem("replay", data("train_like"), "--limit", "400MB")
+    assert completed.returncode == 0, completed.stderr
+    assert value_of(completed.stdout, "segments").startswith("growable (2.00 MiB pages")
+    expected = replay.replay(data("train_like"), "400MB")
+    assert value_of(completed.stdout, "peak reserved").startswith(_C.format_bytes(expected.peak_reserved))
+
+
+@pytest.mark.parametrize("kind", ["plain", "growable"])
+def test_replay_min_limit_with_segments_finds_that_kinds_limit(kind):
+    completed = gpumem("replay", data("train_like"), "--min-limit", "--segments", kind)
+    expected = replay.min_limit(data("train_like"), segments=kind)
+    assert completed.returncode == 0, completed.stderr
+    found = value_of(completed.stdout, "min limit")
+    assert found.startswith(f"{_C.format_bytes(expected.limit)} ({expected.limit} bytes)")
+    assert value_of(completed.stdout, "segments").startswith(kind)
+
+
+def test_replay_with_plain_segments_reports_the_plain_replay():
+    limit = replay.min_limit(data("train_like"), segments="growable").limit
+    plain = replay.replay(data("train_like"), limit, segments="plain")
+    completed = gpumem("replay", data("train_like"), "--limit", str(limit), "--segments", "plain")
+    assert completed.returncode == (0 if plain.fits else 1), completed.stderr
+    assert value_of(completed.stdout, "segments") == "plain (one cudaMalloc per segment)"
+
+
 def test_replay_of_another_device_uses_its_trace():
     completed = gpumem("replay", data("two_devices"), "--limit", "1GB", "--device", "1")
     assert completed.returncode == 0, completed.stderr
@@ -178,13 +204,27 @@ def test_replay_of_a_device_without_events_is_an_error():
     (["--limit", "1GB", "--device", "first"], "'first' is not a device index"),
     (["--min-limit", "--precision", "5%"], "'5%' is not a size in bytes"),
     (["--limit", "1GB", "--colour"], "unrecognized arguments: --colour"),
-], ids=["bad-limit", "no-mode", "both-modes", "bad-device", "percent-precision", "unknown-flag"])
+    (["--limit", "1GB", "--segments", "expandable"], "invalid choice: 'expandable'"),
+], ids=["bad-limit", "no-mode", "both-modes", "bad-device", "percent-precision", "unknown-flag", "bad-segments"])
 def test_replay_bad_arguments_are_usage_errors(args, needle):
     assert_usage_error(gpumem("replay", data("big_blocks"), *args), needle)
 
 
 def test_replay_with_a_limit_above_the_device_total_is_an_error():
     assert_usage_error(gpumem("replay", data("train_like"), "--limit", "20GB"), "more than")
+
+
+def test_info_shows_gpumem_segments():
+    completed = gpumem("info", env={"GPUMEM_SEGMENTS": "plain"})
+    assert completed.returncode == 0, completed.stderr
+    assert "GPUMEM_SEGMENTS: 'plain'" in completed.stdout
+
+
+def test_info_with_an_invalid_gpumem_segments_says_so_and_exits_1():
+    completed = gpumem("info", env={"GPUMEM_SEGMENTS": "fast"})
+    assert completed.returncode == 1
+    assert 'GPUMEM_SEGMENTS is invalid: bad segment kind \'fast\': give "growable" or "plain"' in completed.stdout
+    assert "Traceback" not in completed.stderr
 
 
 def test_info_with_an_invalid_gpumem_limit_says_so_and_exits_1():
@@ -203,3 +243,4 @@ def test_info_on_devices_shows_each_with_the_limit_gpumem_limit_sets(fake_c, mon
     assert "device 0: " in out and "8.00 GiB total" in out and "GPUMEM_LIMIT sets 4.00 GiB" in out
     assert "device 1: " in out and "GPUMEM_LIMIT sets 4.00 GiB" in out.split("device 1: ")[1]
     assert "gpumem memory report" in out
+    assert re.search(r"^  segments\s+growable$", out, re.MULTILINE)

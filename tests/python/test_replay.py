@@ -14,6 +14,7 @@ import pickle
 
 import pytest
 
+from gpumem import _C
 from gpumem import replay as rp
 from gpumem.snapshot_file import SnapshotError, from_dict, load
 
@@ -298,8 +299,19 @@ def test_reader_accepts_a_snapshot_pytorch_wrote(name):
 
 
 @real_runs
-def test_replay_of_a_real_run_reproduces_pytorchs_peak_allocated(name):
-    assert rp.replay(data(name), "none").peak_allocated == CAPTURED[name]["torch_max_memory_allocated"]
+def test_replay_of_a_real_run_with_plain_segments_reproduces_pytorchs_peak_allocated(name):
+    # Recorded under PyTorch's allocator with plain segments: gpumem's plain segments split blocks
+    # as it did. Growable segments lay blocks out differently (see the next test).
+    result = rp.replay(data(name), "none", segments="plain")
+    assert result.peak_allocated == CAPTURED[name]["torch_max_memory_allocated"]
+
+
+@real_runs
+def test_replay_of_a_real_run_with_growable_segments_peaks_at_least_at_the_trace_peak(name):
+    # See Note [peak allocated]: never below the trace's peak, above it only by unsplit remainders.
+    result = rp.replay(data(name), "none")
+    assert result.segments == "growable"
+    assert result.peak_allocated >= rp.peak_allocated_from_trace(data(name))
 
 
 @real_runs
@@ -361,3 +373,79 @@ def test_min_limit_is_none_when_the_trace_does_not_fit_in_the_device():
 def test_min_limit_rejects_a_precision_that_is_not_positive():
     with pytest.raises(ValueError, match="precision 0"):
         rp.min_limit(data("big_blocks"), precision=0)
+
+
+# ---- segments -----------------------------------------------------------------------------------
+
+SYNTHETIC = ["train_like", "big_blocks", "preexisting", "two_devices"]
+
+
+def core_maps_growable_segments() -> bool:
+    """Whether the core serves requests from growable segments on a device that maps pages."""
+    sim = _C.SimAllocator(GiB, page_size=rp.PAGE_SIZE)
+    sim.malloc(0, 4 * MiB)
+    return any(segment["is_expandable"] for segment in sim.snapshot(0))
+
+
+# Comparisons of the two kinds mean something only once the core implements growable segments
+# (core/growable.cpp); before that both replays use plain segments, and these tests skip.
+needs_growable_core = pytest.mark.skipif(not core_maps_growable_segments(),
+                                         reason="the core does not map growable segments yet")
+
+
+def test_replay_uses_growable_segments_by_default():
+    assert rp.replay(data("train_like"), "none").segments == "growable"
+    assert rp.min_limit(data("two_devices")).segments == "growable"
+
+
+@pytest.mark.parametrize("kind", ["growable", "plain"])
+def test_replay_says_which_segments_it_used(kind):
+    assert rp.replay(data("train_like"), "none", segments=kind).segments == kind
+    assert rp.min_limit(data("two_devices"), segments=kind).segments == kind
+
+
+@pytest.mark.parametrize("kind", ["grow", "", "cudaMalloc"])
+def test_replay_rejects_a_bad_segment_kind_naming_it_and_the_forms(kind):
+    with pytest.raises(ValueError) as caught:
+        rp.replay(data("train_like"), "none", segments=kind)
+    assert repr(kind) in str(caught.value) and '"growable" or "plain"' in str(caught.value)
+    with pytest.raises(ValueError, match=r'"growable" or "plain"'):
+        rp.min_limit(data("train_like"), segments=kind)
+
+
+@pytest.mark.parametrize("kind", ["growable", "plain"])
+@pytest.mark.parametrize("name", SYNTHETIC)
+def test_replay_with_either_segments_fits_at_its_min_limit_and_fails_below(name, kind):
+    found = rp.min_limit(data(name), precision=256 * KiB, segments=kind)
+    at = rp.replay(data(name), found.limit, segments=kind)
+    assert at.fits and at.peak_reserved <= found.limit
+    if found.limit > found.peak_allocated:
+        assert not rp.replay(data(name), found.limit - found.precision, segments=kind).fits
+
+
+@pytest.mark.parametrize("kind", ["growable", "plain"])
+@pytest.mark.parametrize("name", SYNTHETIC)
+def test_replay_with_either_segments_keeps_reserved_under_the_limit(name, kind):
+    result = rp.replay(data(name), "none", segments=kind)
+    limit = max(result.peak_allocated, result.original_peak_reserved)
+    capped = rp.replay(data(name), limit, segments=kind)
+    assert capped.peak_reserved <= limit
+    assert max(r for _, _, r in capped.timeline) <= limit
+
+
+# The point of growable segments: memory freed in one place serves a larger request elsewhere, so a
+# trace fits under a lower limit. Asserted on the real runs.
+@needs_growable_core
+@real_runs
+def test_growable_segments_need_no_higher_limit_than_plain_ones_on_a_real_run(name):
+    growable = rp.min_limit(data(name), segments="growable")
+    plain = rp.min_limit(data(name), segments="plain")
+    assert growable.limit is not None and plain.limit is not None
+    assert growable.limit <= plain.limit
+
+
+@needs_growable_core
+@real_runs
+def test_a_real_run_fits_with_growable_segments_under_the_min_limit_plain_ones_need(name):
+    plain = rp.min_limit(data(name), segments="plain")
+    assert rp.replay(data(name), plain.limit, segments="growable").fits

@@ -69,6 +69,27 @@ def test_text_report_shows_the_allocators_numbers(sim):
     assert rows["device free"] == [_C.format_bytes(GiB - sim.reserved(0))]
 
 
+@pytest.mark.parametrize("page_size, kind", [(0, "plain"), (2 * MiB, "growable")])
+def test_text_report_states_the_segment_kind_in_effect(page_size, kind):
+    sim = _C.SimAllocator(GiB, page_size=page_size)
+    assert text_rows(str(Report.from_sim(sim, 1, total=GiB)))["segments"] == [kind]
+
+
+def test_a_report_without_a_segment_kind_leaves_the_row_out():
+    assert "segments" not in text_rows(str(Report.from_stats({0: {"stats": {}}})))
+
+
+def test_html_report_states_the_segment_kind():
+    sim = _C.SimAllocator(GiB, page_size=2 * MiB)
+    assert html_rows(Report.from_sim(sim, 1, total=GiB)._repr_html_())["segments"] == ["growable", ""]
+
+
+def test_a_replays_report_states_the_segments_it_used():
+    for kind in ("growable", "plain"):
+        made = replay.replay(DATA / "two_devices.pickle", "none", segments=kind).report()
+        assert made.devices[0].segments == kind
+
+
 def test_text_report_shows_the_counters():
     counters = stats(num_ooms=3, num_alloc_retries=5, num_cache_releases=7)
     rows = text_rows(str(Report.from_stats({0: {"stats": counters}})))
@@ -178,6 +199,12 @@ def test_collect_reads_every_device_of_gpumems_allocator(fake_c, monkeypatch):
     second = made.devices[1]
     assert (second.limit, second.allocated, second.total) == (GiB, 100 * MiB, 8 * GiB)
     assert second.free == 8 * GiB - fake_c.sims[1].reserved(0)
+
+
+def test_collect_states_each_devices_segment_kind(fake_c, monkeypatch):
+    monkeypatch.setattr(fake_c, "largest_free_block", lambda d: 0, raising=False)
+    fake_c.set_growable(1, False)
+    assert [d.segments for d in report.collect().devices] == ["growable", "plain"]
 
 
 def test_collect_reads_one_device_when_asked(fake_c, monkeypatch):

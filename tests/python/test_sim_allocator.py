@@ -229,3 +229,69 @@ def test_requested_bytes_count_what_was_asked_before_rounding(sim):
     stats = sim.stats(0)
     assert stats["requested_bytes.all.current"] == 1000
     assert stats["allocated_bytes.all.current"] >= 1000
+
+
+# ---- growable segments ---------------------------------------------------------------------------
+
+PAGE = 2 * MiB
+
+
+@pytest.fixture
+def paged():
+    """A 1 GiB simulated device that maps 2 MiB pages, capped at 256 MiB."""
+    allocator = _C.SimAllocator(1 * GiB, page_size=PAGE)
+    allocator.set_limit(0, "256MB")
+    return allocator
+
+
+def test_without_a_page_size_the_device_uses_plain_segments(sim):
+    sim.malloc(0, 8 * MiB)
+    assert not sim.growable(0)
+    assert [s["is_expandable"] for s in sim.snapshot(0)] == [False]
+    assert sim.ledger(0)["mapped"] == sim.ledger(0)["address_ranges"] == 0
+
+
+def test_with_a_page_size_growable_segments_are_used_by_default(paged):
+    paged.malloc(0, 8 * MiB)
+    assert paged.growable(0)
+    assert all(s["is_expandable"] for s in paged.snapshot(0))
+    ledger = paged.ledger(0)
+    assert ledger["mapped"] == ledger["in_use"] == paged.reserved(0) and ledger["maps"] >= 1
+    assert ledger["address_ranges"] >= 1 and ledger["reserves"] == 0
+
+
+def test_set_growable_off_makes_new_memory_plain(paged):
+    paged.set_growable(0, False)
+    paged.malloc(0, 8 * MiB)
+    assert not paged.growable(0)
+    assert [s["is_expandable"] for s in paged.snapshot(0)] == [False]
+
+
+def test_the_page_size_is_a_keyword():
+    with pytest.raises(TypeError):
+        _C.SimAllocator(1 * GiB, 1, PAGE)
+
+
+def test_empty_cache_unmaps_the_pages_of_growable_segments(paged):
+    paged.free(paged.malloc(0, 8 * MiB))
+    paged.empty_cache(0)
+    ledger = paged.ledger(0)
+    assert paged.reserved(0) == ledger["in_use"] == ledger["mapped"] == 0
+    assert ledger["unmaps"] >= 1
+
+
+def test_the_cap_holds_with_growable_segments_across_random_operations(paged):
+    rng = random.Random(4321)
+    live, ooms = [], 0
+    for _ in range(4000):
+        if live and rng.random() < 0.45:
+            paged.free(live.pop(rng.randrange(len(live))))
+        else:
+            try:
+                live.append(paged.malloc(0, random_size(rng), rng.choice([0, 0, 0, 1])))
+            except _C.OutOfMemoryError:
+                ooms += 1
+        assert paged.reserved(0) <= 256 * MiB
+    paged.check_invariants(0)
+    assert paged.ledger(0)["peak"] <= 256 * MiB
+    assert ooms > 0, "the workload never hit the cap"
