@@ -154,6 +154,7 @@ Block* DeviceAllocator::reserve_segment(Pool& pool, bool small, StreamId stream,
   increase_stat(stats_.segment, small, 1);
   increase_stat(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
   ++stats_.num_device_alloc;
+  reserved_high_ = std::max(reserved_high_, cap_.reserved());
   return segment->head;
 }
 

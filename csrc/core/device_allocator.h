@@ -149,7 +149,13 @@ class DeviceAllocator {
   // Growable segments (core/growable.cpp).
   bool uses_growable(const Pool& pool) const;
   Block* try_grow(Pool& pool, bool small, StreamId stream, std::size_t size);
-  Block* choose_unmapped(const Pool& pool, bool small, StreamId stream, std::size_t size) const;
+  struct Growth {
+    Block* block;       // the unmapped block to map from, or nullptr
+    std::size_t pages;  // bytes of the pages it needs
+  };
+  Growth choose_unmapped(const Pool& pool, bool small, StreamId stream, std::size_t size) const;
+  bool recycle_before_high_mark(std::size_t pages);
+  std::size_t whole_pages(const Block* block) const;
   Block* reserve_growable(Pool& pool, bool small, StreamId stream, std::size_t size);
   Block* map_front(Block* unmapped, std::size_t size);
   std::size_t unmap_block(Block* block);
@@ -191,6 +197,7 @@ class DeviceAllocator {
   std::size_t device_total_ = 0;
   std::size_t page_size_ = 0;                   // the backend's mapping granularity; 0: no growable segments
   bool growable_ = false;                       // asked for (in effect only if page_size_ > 0)
+  std::size_t reserved_high_ = 0;               // the most ever reserved (not reset with the statistics)
   bool device_refused_ = false;                 // during this malloc, the backend said no
 };
 

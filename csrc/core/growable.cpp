@@ -36,7 +36,11 @@ bool DeviceAllocator::uses_growable(const Pool& pool) const {
 // A block of at least `size` bytes made by mapping pages, or nullptr if the cap or the device has
 // no room. Where no address range can be had, a plain segment instead.
 Block* DeviceAllocator::try_grow(Pool& pool, bool small, StreamId stream, std::size_t size) {
-  Block* unmapped = choose_unmapped(pool, small, stream, size);
+  Growth growth = choose_unmapped(pool, small, stream, size);
+  if (recycle_before_high_mark(growth.block ? growth.pages : round_up(size, page_size_))) {
+    growth = choose_unmapped(pool, small, stream, size);
+  }
+  Block* unmapped = growth.block;
   const bool fresh = unmapped == nullptr;
   if (fresh) unmapped = reserve_growable(pool, small, stream, size);
   if (!unmapped) return try_new_segment(pool, small, stream, size);
@@ -46,9 +50,27 @@ Block* DeviceAllocator::try_grow(Pool& pool, bool small, StreamId stream, std::s
   return block;
 }
 
+// Design note. Left alone, a growable segment grows whenever the free blocks do not fit a request,
+// so reserved climbs above what was ever allocated by the holes the job's changing shapes leave.
+// Before new pages would take reserved past the most it ever held, the free pages that can cover
+// them are unmapped and their memory is mapped where the request needs it: reserved then follows
+// the job's allocated peak, not the holes. That costs a device synchronization and remapping, so it
+// is done only when it keeps reserved at its high mark; once the cache holds the working set of
+// the job, it stops happening.
+bool DeviceAllocator::recycle_before_high_mark(std::size_t pages) {
+  const std::size_t reserved = cap_.reserved();
+  if (reserved + pages <= reserved_high_) return false;
+  std::size_t free_pages = 0;
+  for (const Block* b : unmappable_blocks()) free_pages += whole_pages(b);
+  if (reserved - std::min(reserved, free_pages) + pages > reserved_high_) return false;
+  return unmap_free_pages(reserved + pages - reserved_high_, true) > 0;
+}
+
 // The unmapped block that, mapped from its start and joined with its free mapped neighbours,
-// holds `size` bytes with the fewest new pages (the lowest address among equals); nullptr if none.
-Block* DeviceAllocator::choose_unmapped(const Pool& pool, bool small, StreamId stream, std::size_t size) const {
+// holds `size` bytes with the fewest new pages (the lowest address among equals), and those pages'
+// bytes; no block if none.
+DeviceAllocator::Growth DeviceAllocator::choose_unmapped(const Pool& pool, bool small, StreamId stream,
+                                                         std::size_t size) const {
   const Block* best = nullptr;
   std::size_t best_need = 0;
   pool.unmapped_for(small).for_each_on(stream, [&](const Block* u) {
@@ -61,7 +83,7 @@ Block* DeviceAllocator::choose_unmapped(const Pool& pool, bool small, StreamId s
       best_need = need;
     }
   });
-  return const_cast<Block*>(best);
+  return {const_cast<Block*>(best), best_need};
 }
 
 // A new growable segment for the pool and stream: an unmapped block spanning the device's size
@@ -107,6 +129,7 @@ Block* DeviceAllocator::map_front(Block* unmapped, std::size_t size) {
   segment.mapped += bytes;
   increase_stat(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
   ++stats_.num_device_alloc;
+  reserved_high_ = std::max(reserved_high_, cap_.reserved());
   const Merge merge = merge_free_neighbours(unmapped, segment.pool->blocks_for(small), arena_);
   for (int i = 0; i < merge.absorbed_count; ++i) {
     decrease_stat(stats_.inactive_split, small, 1);
@@ -156,12 +179,16 @@ std::size_t DeviceAllocator::unmap_block(Block* block) {
   return hi - lo;
 }
 
-bool DeviceAllocator::holds_free_page(const Block* block) const {
+// The bytes of the whole pages inside `block`, if it is cached in a growable segment; else 0.
+std::size_t DeviceAllocator::whole_pages(const Block* block) const {
   const Segment& s = *block->segment;
-  if (!s.growable || !block->is_cached()) return false;
-  const std::uintptr_t first_page = s.addr + round_up(block->addr - s.addr, page_size_);
-  return first_page + page_size_ <= block->addr + block->size;
+  if (!s.growable || !block->is_cached()) return 0;
+  const std::uintptr_t lo = s.addr + round_up(block->addr - s.addr, page_size_);
+  const std::uintptr_t hi = s.addr + (block->addr + block->size - s.addr) / page_size_ * page_size_;
+  return hi > lo ? hi - lo : 0;
 }
+
+bool DeviceAllocator::holds_free_page(const Block* block) const { return whole_pages(block) > 0; }
 
 // Cached blocks of growable segments that hold at least one whole page, oldest segment first and
 // in address order within one.
