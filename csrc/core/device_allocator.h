@@ -154,14 +154,14 @@ class DeviceAllocator {
     std::size_t pages;  // bytes of the pages it needs
   };
   Growth choose_unmapped(const Pool& pool, bool small, StreamId stream, std::size_t size) const;
-  bool recycle_before_high_mark(std::size_t pages);
+  bool recycle_before_high_mark(const Growth& growth, std::size_t size);
   std::size_t whole_pages(const Block* block) const;
   Block* reserve_growable(Pool& pool, bool small, StreamId stream, std::size_t size);
   Block* map_front(Block* unmapped, std::size_t size);
   std::size_t unmap_block(Block* block);
   bool holds_free_page(const Block* block) const;
   std::vector<Block*> unmappable_blocks() const;
-  std::size_t unmap_free_pages(std::size_t bytes, bool largest_first);
+  std::size_t unmap_free_pages(std::size_t bytes, bool largest_first, const Block* keep = nullptr);
   void drop_unmapped_segments();
   void release_growable(Segment* segment);
 

@@ -37,7 +37,7 @@ bool DeviceAllocator::uses_growable(const Pool& pool) const {
 // no room. Where no address range can be had, a plain segment instead.
 Block* DeviceAllocator::try_grow(Pool& pool, bool small, StreamId stream, std::size_t size) {
   Growth growth = choose_unmapped(pool, small, stream, size);
-  if (recycle_before_high_mark(growth.block ? growth.pages : round_up(size, page_size_))) {
+  if (recycle_before_high_mark(growth, size)) {
     growth = choose_unmapped(pool, small, stream, size);
   }
   Block* unmapped = growth.block;
@@ -54,16 +54,16 @@ Block* DeviceAllocator::try_grow(Pool& pool, bool small, StreamId stream, std::s
 // so reserved climbs above what was ever allocated by the holes the job's changing shapes leave.
 // Before new pages would take reserved past the most it ever held, the free pages that can cover
 // them are unmapped and their memory is mapped where the request needs it: reserved then follows
-// the job's allocated peak, not the holes. That costs a device synchronization and remapping, so it
-// is done only when it keeps reserved at its high mark; once the cache holds the working set of
-// the job, it stops happening.
-bool DeviceAllocator::recycle_before_high_mark(std::size_t pages) {
+// the job's allocated peak, not the holes. That costs a device synchronization and remapping, paid
+// only while reserved is at its high mark, which a job reaches in its first steps; once the cache
+// holds the job's working set it stops happening.
+bool DeviceAllocator::recycle_before_high_mark(const Growth& growth, std::size_t size) {
+  const std::size_t pages = growth.block ? growth.pages : round_up(size, page_size_);
   const std::size_t reserved = cap_.reserved();
   if (reserved + pages <= reserved_high_) return false;
-  std::size_t free_pages = 0;
-  for (const Block* b : unmappable_blocks()) free_pages += whole_pages(b);
-  if (reserved - std::min(reserved, free_pages) + pages > reserved_high_) return false;
-  return unmap_free_pages(reserved + pages - reserved_high_, true) > 0;
+  // The free block the growth would extend stays: unmapping it would only add to the pages needed.
+  const Block* extended = growth.block && growth.block->prev && growth.block->prev->is_cached() ? growth.block->prev : nullptr;
+  return unmap_free_pages(reserved + pages - reserved_high_, true, extended) > 0;
 }
 
 // The unmapped block that, mapped from its start and joined with its free mapped neighbours,
@@ -208,11 +208,13 @@ std::vector<Block*> DeviceAllocator::unmappable_blocks() const {
 }
 
 // Unmaps free pages until `bytes` are unmapped or none are left: from the largest free blocks first
-// (fewest calls, and small cached blocks are the likeliest to be reused), or the oldest first.
+// (fewest calls, and small cached blocks are the likeliest to be reused), or the oldest first;
+// never `keep`.
 // Returns the bytes unmapped. Synchronizes the device once, before the first page goes.
-std::size_t DeviceAllocator::unmap_free_pages(std::size_t bytes, bool largest_first) {
+std::size_t DeviceAllocator::unmap_free_pages(std::size_t bytes, bool largest_first, const Block* keep) {
   if (!pool_targets_.empty()) return 0;
   std::vector<Block*> blocks = unmappable_blocks();
+  blocks.erase(std::remove(blocks.begin(), blocks.end(), keep), blocks.end());
   if (blocks.empty() || bytes == 0) return 0;
   if (largest_first) {
     std::stable_sort(blocks.begin(), blocks.end(), [](const Block* a, const Block* b) { return a->size > b->size; });
