@@ -239,6 +239,11 @@ void CudaBackend::synchronize(int device) {
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
+void CudaBackend::synchronize_stream(int device, StreamId stream) {
+  DeviceScope scope(device);
+  check(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+}
+
 // ---- Virtual memory ---------------------------------------------------------------------------
 
 std::size_t CudaBackend::page_size(int device) {

@@ -25,6 +25,7 @@ class CudaBackend : public Backend {
   bool event_done(int device, EventId event) override;
   void destroy_event(int device, EventId event) override;
   void synchronize(int device) override;
+  void synchronize_stream(int device, StreamId stream) override;
 
   // Virtual memory, as core/backend.h specifies it. Each page is a physical allocation and a
   // mapping of its own, so any page-aligned part of a mapped stretch can be unmapped.

@@ -280,11 +280,11 @@ bool SimBackend::peer_can_access(int device, int peer, std::uintptr_t addr) cons
 
 // ---- Events ----------------------------------------------------------------------------------
 
-EventId SimBackend::record_event(int device, StreamId) {
+EventId SimBackend::record_event(int device, StreamId stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   Device& d = device_locked(device);
   auto id = reinterpret_cast<EventId>(next_event_++);
-  events_.emplace(id, Event{device, false, 0});
+  events_.emplace(id, Event{device, stream, false, 0});
   ++d.ledger.live_events;
   return id;
 }
@@ -309,6 +309,14 @@ void SimBackend::synchronize(int device) {
   ++device_locked(device).ledger.syncs;
   for (auto& [id, e] : events_) {
     if (e.device == device) e.done = true;
+  }
+}
+
+void SimBackend::synchronize_stream(int device, StreamId stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++device_locked(device).ledger.stream_syncs;
+  for (auto& [id, e] : events_) {
+    if (e.device == device && e.stream == stream) e.done = true;
   }
 }
 

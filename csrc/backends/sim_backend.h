@@ -41,6 +41,8 @@ class SimBackend : public Backend {
   bool event_done(int device, EventId event) override;
   void destroy_event(int device, EventId event) override;
   void synchronize(int device) override;
+  // Completes the events recorded on `stream` (a stream's events are all the sim knows of its work).
+  void synchronize_stream(int device, StreamId stream) override;
 
   // Virtual memory, as core/backend.h specifies it. page_size is 0 until enable_virtual_memory.
   std::size_t page_size(int device) override;
@@ -80,7 +82,8 @@ class SimBackend : public Backend {
     std::uint64_t reserves = 0;  // successful reserve calls
     std::uint64_t releases = 0;
     std::uint64_t refusals = 0;  // reserve and map calls refused
-    std::uint64_t syncs = 0;
+    std::uint64_t syncs = 0;         // synchronize calls (the whole device)
+    std::uint64_t stream_syncs = 0;  // synchronize_stream calls
     std::size_t live_events = 0;
     std::size_t mapped = 0;          // bytes mapped now (part of in_use)
     std::uint64_t maps = 0;          // successful map calls
@@ -93,6 +96,7 @@ class SimBackend : public Backend {
  private:
   struct Event {
     int device = 0;
+    StreamId stream = 0;
     bool done = false;
     int queries = 0;
   };

@@ -39,6 +39,8 @@ class Backend {
   virtual void destroy_event(int device, EventId event) = 0;
   // Waits for all work on the device.
   virtual void synchronize(int device) = 0;
+  // Waits for the work queued on one stream so far.
+  virtual void synchronize_stream(int device, StreamId stream) = 0;
 
   // ---- Virtual memory, for growable segments (see core/growable.cpp) ----
   // A backend without it keeps these defaults: page_size 0 means "not supported", and the

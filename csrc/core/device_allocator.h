@@ -154,14 +154,16 @@ class DeviceAllocator {
     std::size_t pages;  // bytes of the pages it needs
   };
   Growth choose_unmapped(const Pool& pool, bool small, StreamId stream, std::size_t size) const;
-  bool recycle_before_high_mark(const Growth& growth, std::size_t size);
+  bool recycle_before_high_mark(const Growth& growth, StreamId stream, std::size_t size);
   std::size_t whole_pages(const Block* block) const;
   Block* reserve_growable(Pool& pool, bool small, StreamId stream, std::size_t size);
   Block* map_front(Block* unmapped, std::size_t size);
   std::size_t unmap_block(Block* block);
   bool holds_free_page(const Block* block) const;
   std::vector<Block*> unmappable_blocks() const;
-  std::size_t unmap_free_pages(std::size_t bytes, bool largest_first, const Block* keep = nullptr);
+  std::size_t unmap_free_pages(std::size_t bytes, bool largest_first);
+  std::size_t unmap_stream_pages(StreamId stream, std::size_t bytes, const Block* keep);
+  std::size_t unmap_until(const std::vector<Block*>& blocks, std::size_t bytes);
   void drop_unmapped_segments();
   void release_growable(Segment* segment);
 

@@ -29,6 +29,12 @@
 
 namespace gpumem {
 
+namespace {
+
+bool larger(const Block* a, const Block* b) { return a->size > b->size; }
+
+}  // namespace
+
 bool DeviceAllocator::uses_growable(const Pool& pool) const {
   return growable_ && page_size_ > 0 && &pool == &default_pool_;
 }
@@ -37,7 +43,7 @@ bool DeviceAllocator::uses_growable(const Pool& pool) const {
 // no room. Where no address range can be had, a plain segment instead.
 Block* DeviceAllocator::try_grow(Pool& pool, bool small, StreamId stream, std::size_t size) {
   Growth growth = choose_unmapped(pool, small, stream, size);
-  if (recycle_before_high_mark(growth, size)) {
+  if (recycle_before_high_mark(growth, stream, size)) {
     growth = choose_unmapped(pool, small, stream, size);
   }
   Block* unmapped = growth.block;
@@ -54,16 +60,18 @@ Block* DeviceAllocator::try_grow(Pool& pool, bool small, StreamId stream, std::s
 // so reserved climbs above what was ever allocated by the holes the job's changing shapes leave.
 // Before new pages would take reserved past the most it ever held, the free pages that can cover
 // them are unmapped and their memory is mapped where the request needs it: reserved then follows
-// the job's allocated peak, not the holes. That costs a device synchronization and remapping, paid
-// only while reserved is at its high mark, which a job reaches in its first steps; once the cache
-// holds the job's working set it stops happening.
-bool DeviceAllocator::recycle_before_high_mark(const Growth& growth, std::size_t size) {
+// the job's allocated peak, not the holes. Only the request's stream's free pages are taken, so
+// what must be waited for is that stream's queued work, not the device's: other streams (a data
+// loader's, a collective's) run on. That wait and the remapping are paid only while reserved is at
+// its high mark, which a job reaches in its first steps; once the cache holds the job's working
+// set it stops happening.
+bool DeviceAllocator::recycle_before_high_mark(const Growth& growth, StreamId stream, std::size_t size) {
   const std::size_t pages = growth.block ? growth.pages : round_up(size, page_size_);
   const std::size_t reserved = cap_.reserved();
   if (reserved + pages <= reserved_high_) return false;
   // The free block the growth would extend stays: unmapping it would only add to the pages needed.
   const Block* extended = growth.block && growth.block->prev && growth.block->prev->is_cached() ? growth.block->prev : nullptr;
-  return unmap_free_pages(reserved + pages - reserved_high_, true, extended) > 0;
+  return unmap_stream_pages(stream, reserved + pages - reserved_high_, extended) > 0;
 }
 
 // The unmapped block that, mapped from its start and joined with its free mapped neighbours,
@@ -208,19 +216,33 @@ std::vector<Block*> DeviceAllocator::unmappable_blocks() const {
 }
 
 // Unmaps free pages until `bytes` are unmapped or none are left: from the largest free blocks first
-// (fewest calls, and small cached blocks are the likeliest to be reused), or the oldest first;
-// never `keep`.
+// (fewest calls, and small cached blocks are the likeliest to be reused), or the oldest first.
 // Returns the bytes unmapped. Synchronizes the device once, before the first page goes.
-std::size_t DeviceAllocator::unmap_free_pages(std::size_t bytes, bool largest_first, const Block* keep) {
-  if (!pool_targets_.empty()) return 0;
+std::size_t DeviceAllocator::unmap_free_pages(std::size_t bytes, bool largest_first) {
+  if (!pool_targets_.empty() || bytes == 0) return 0;
   std::vector<Block*> blocks = unmappable_blocks();
-  blocks.erase(std::remove(blocks.begin(), blocks.end(), keep), blocks.end());
-  if (blocks.empty() || bytes == 0) return 0;
-  if (largest_first) {
-    std::stable_sort(blocks.begin(), blocks.end(), [](const Block* a, const Block* b) { return a->size > b->size; });
-  }
+  if (blocks.empty()) return 0;
+  if (largest_first) std::stable_sort(blocks.begin(), blocks.end(), larger);
   backend_.synchronize(device_);
   ++stats_.num_sync_all_streams;
+  return unmap_until(blocks, bytes);
+}
+
+// The same over the free pages of one stream's segments, largest first, never `keep`. A block of a
+// stream's segment was last used on that stream (uses on others held it pending until their work
+// was done), so waiting for that stream suffices.
+std::size_t DeviceAllocator::unmap_stream_pages(StreamId stream, std::size_t bytes, const Block* keep) {
+  if (!pool_targets_.empty() || bytes == 0) return 0;
+  std::vector<Block*> blocks = unmappable_blocks();
+  blocks.erase(std::remove_if(blocks.begin(), blocks.end(), [&](const Block* b) { return b->stream != stream || b == keep; }),
+               blocks.end());
+  if (blocks.empty()) return 0;
+  std::stable_sort(blocks.begin(), blocks.end(), larger);
+  backend_.synchronize_stream(device_, stream);
+  return unmap_until(blocks, bytes);
+}
+
+std::size_t DeviceAllocator::unmap_until(const std::vector<Block*>& blocks, std::size_t bytes) {
   std::size_t unmapped = 0;
   for (Block* b : blocks) {
     if (unmapped >= bytes) break;

@@ -27,6 +27,7 @@ class TracingBackend final : public Backend {
   bool event_done(int device, EventId event) override { return inner_.event_done(device, event); }
   void destroy_event(int device, EventId event) override { inner_.destroy_event(device, event); }
   void synchronize(int device) override { inner_.synchronize(device); }
+  void synchronize_stream(int device, StreamId stream) override { inner_.synchronize_stream(device, stream); }
 
   std::size_t page_size(int device) override { return inner_.page_size(device); }
   void* reserve_address(int device, std::size_t bytes) override { return inner_.reserve_address(device, bytes); }

@@ -148,13 +148,29 @@ TEST_CASE("new pages reuse free pages rather than take reserved past its high ma
   REQUIRE(sim.alloc.reserved() == 20 * MiB);
   sim.free(a);
   sim.free(c);
-  const std::uint64_t syncs = sim.ledger().syncs;
   Block* d = sim.malloc(14 * MiB);  // no free block holds it; mapping 6 more MiB would reach 26 MiB
   REQUIRE(d->size >= 14 * MiB);
   REQUIRE(sim.alloc.reserved() <= 20 * MiB);
   REQUIRE(sim.ledger().peak == 20 * MiB);
-  REQUIRE(sim.ledger().syncs == syncs + 1);
   REQUIRE(b->allocated);
+}
+
+TEST_CASE("reusing free pages waits for the request's stream only, and takes only its pages", "[growable][high-mark][streams]") {
+  VmSim sim;
+  Block* other = sim.malloc(8 * MiB, kStream1);
+  Block* a = sim.malloc(8 * MiB);
+  Block* b = sim.malloc(4 * MiB);
+  const std::uintptr_t other_addr = other->addr, a_addr = a->addr;
+  sim.free(other);  // free pages on another stream: not this request's to take
+  sim.free(a);
+  const SimBackend::Ledger before = sim.ledger();
+  sim.malloc(12 * MiB);
+  REQUIRE(sim.ledger().stream_syncs == before.stream_syncs + 1);
+  REQUIRE(sim.ledger().syncs == before.syncs);  // the device as a whole was not waited for
+  REQUIRE(sim.mapped(other_addr));
+  REQUIRE_FALSE(sim.mapped(a_addr));
+  REQUIRE(sim.alloc.reserved() == 8 * MiB + 4 * MiB + 12 * MiB);
+  (void)b;
 }
 
 TEST_CASE("a request past the high mark takes the free pages there are and maps only the rest", "[growable][high-mark]") {
