@@ -122,6 +122,7 @@ class MappedPages {
     check_driver(created, "cuMemCreate");
     const CUresult mapped = api_.cuMemMap(base_ + bytes_, page_, 0, handle, 0);
     api_.cuMemRelease(handle);  // the mapping keeps the memory alive; cuMemUnmap frees it
+    if (mapped == CUDA_ERROR_OUT_OF_MEMORY) return false;
     check_driver(mapped, "cuMemMap");
     bytes_ += page_;
     return true;
@@ -137,10 +138,10 @@ class MappedPages {
 };
 
 // Lets `device` and its granted peers read and write [addr, addr + bytes).
-void allow_access(int device, const std::vector<int>& peers, CUdeviceptr addr, std::size_t bytes) {
+CUresult allow_access(int device, const std::vector<int>& peers, CUdeviceptr addr, std::size_t bytes) {
   std::vector<CUmemAccessDesc> access{read_write_for(device)};
   for (int peer : peers) access.push_back(read_write_for(peer));
-  check_driver(driver().cuMemSetAccess(addr, bytes, access.data(), access.size()), "cuMemSetAccess");
+  return driver().cuMemSetAccess(addr, bytes, access.data(), access.size());
 }
 
 // Drops [addr, addr + bytes) from the mapped ranges, keeping the parts of cut ranges outside it.
@@ -293,7 +294,9 @@ bool CudaBackend::map(int device, void* ptr, std::size_t bytes) {
   // Access is set under the lock that grant_peer takes, so a peer granted meanwhile is not missed.
   std::lock_guard<std::mutex> lock(vm_mutex_);
   VirtualMemory& vm = vm_[device];
-  allow_access(device, vm.peers, base, bytes);
+  const CUresult access = allow_access(device, vm.peers, base, bytes);
+  if (access == CUDA_ERROR_OUT_OF_MEMORY) return false;  // the pages go with `pages`
+  check_driver(access, "cuMemSetAccess");
   vm.mapped.emplace(base, bytes);
   pages.keep();
   return true;

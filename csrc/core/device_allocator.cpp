@@ -284,8 +284,12 @@ void DeviceAllocator::insert_events(Block* block) {
   block->stream_uses.clear();
 }
 
+// The queue is settled before any block is freed: freeing may release memory (the release
+// threshold), and a release that throws must not leave done events in the queue. A block keeps
+// its last pending event until it is freed, so that a neighbour freed first does not merge it.
 void DeviceAllocator::process_events() {
   if (pending_.empty()) return;
+  std::vector<Block*> done;
   std::size_t kept = 0;
   for (std::size_t i = 0; i < pending_.size(); ++i) {
     PendingFree p = pending_[i];
@@ -294,9 +298,17 @@ void DeviceAllocator::process_events() {
       continue;
     }
     backend_.destroy_event(device_, p.event);
-    if (--p.block->pending_events == 0) free_block(p.block);
+    if (p.block->pending_events == 1) {
+      done.push_back(p.block);
+    } else {
+      --p.block->pending_events;
+    }
   }
   pending_.resize(kept);
+  for (Block* block : done) {
+    block->pending_events = 0;
+    free_block(block);
+  }
 }
 
 void DeviceAllocator::synchronize_and_process_events() {

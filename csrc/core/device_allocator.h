@@ -11,6 +11,7 @@
 // methods (suffix _locked where it matters) never take it.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <deque>
 #include <functional>
@@ -162,7 +163,7 @@ class DeviceAllocator {
   bool holds_free_page(const Block* block) const;
   std::vector<Block*> unmappable_blocks() const;
   std::size_t unmap_free_pages(std::size_t bytes, bool largest_first);
-  std::size_t unmap_stream_pages(StreamId stream, std::size_t bytes, const Block* keep);
+  std::size_t unmap_stream_pages(StreamId stream, std::size_t bytes, std::array<const Block*, 2> keep);
   std::size_t unmap_until(const std::vector<Block*>& blocks, std::size_t bytes);
   void drop_unmapped_segments();
   void release_growable(Segment* segment);

@@ -23,6 +23,7 @@
 // their checkpointing and replay rely on segments that never change. Unmapping needs the device
 // synchronized, so nothing is unmapped while a pool target is active (a graph may be capturing).
 #include <algorithm>
+#include <array>
 #include <cstdint>
 
 #include "core/device_allocator.h"
@@ -69,9 +70,11 @@ bool DeviceAllocator::recycle_before_high_mark(const Growth& growth, StreamId st
   const std::size_t pages = growth.block ? growth.pages : round_up(size, page_size_);
   const std::size_t reserved = cap_.reserved();
   if (reserved + pages <= reserved_high_) return false;
-  // The free block the growth would extend stays: unmapping it would only add to the pages needed.
-  const Block* extended = growth.block && growth.block->prev && growth.block->prev->is_cached() ? growth.block->prev : nullptr;
-  return unmap_stream_pages(stream, reserved + pages - reserved_high_, extended) > 0;
+  // The free blocks the growth would join stay: unmapping them would only add to the pages needed.
+  const Block* u = growth.block;
+  const Block* before = u && u->prev && u->prev->is_cached() ? u->prev : nullptr;
+  const Block* after = u && u->next && u->next->is_cached() ? u->next : nullptr;
+  return unmap_stream_pages(stream, reserved + pages - reserved_high_, {before, after}) > 0;
 }
 
 // The unmapped block that, mapped from its start and joined with its free mapped neighbours,
@@ -228,14 +231,14 @@ std::size_t DeviceAllocator::unmap_free_pages(std::size_t bytes, bool largest_fi
   return unmap_until(blocks, bytes);
 }
 
-// The same over the free pages of one stream's segments, largest first, never `keep`. A block of a
+// The same over the free pages of one stream's segments, largest first, never those of `keep`. A block of a
 // stream's segment was last used on that stream (uses on others held it pending until their work
 // was done), so waiting for that stream suffices.
-std::size_t DeviceAllocator::unmap_stream_pages(StreamId stream, std::size_t bytes, const Block* keep) {
+std::size_t DeviceAllocator::unmap_stream_pages(StreamId stream, std::size_t bytes, std::array<const Block*, 2> keep) {
   if (!pool_targets_.empty() || bytes == 0) return 0;
   std::vector<Block*> blocks = unmappable_blocks();
-  blocks.erase(std::remove_if(blocks.begin(), blocks.end(), [&](const Block* b) { return b->stream != stream || b == keep; }),
-               blocks.end());
+  const auto skipped = [&](const Block* b) { return b->stream != stream || b == keep[0] || b == keep[1]; };
+  blocks.erase(std::remove_if(blocks.begin(), blocks.end(), skipped), blocks.end());
   if (blocks.empty()) return 0;
   std::stable_sort(blocks.begin(), blocks.end(), larger);
   backend_.synchronize_stream(device_, stream);
