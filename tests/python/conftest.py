@@ -26,6 +26,41 @@ def fake_c(monkeypatch):
     return fake
 
 
+@pytest.fixture
+def hook_devices(monkeypatch):
+    """The autoload hook about to run over fake 8 GiB devices: make(limit, segments=None, count=2)
+    sets GPUMEM_LIMIT (which arms the hook) and GPUMEM_SEGMENTS, and returns the fake _C."""
+    from gpumem import _autoload
+
+    monkeypatch.setattr(_autoload, "state", "not run")
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+
+    def make(limit: str, segments: str | None = None, count: int = 2) -> FakeC:
+        fake = FakeC([8 * GiB] * count)
+        use_fake_c(monkeypatch, fake)
+        monkeypatch.setenv("GPUMEM_LIMIT", limit)
+        if segments is not None:
+            monkeypatch.setenv("GPUMEM_SEGMENTS", segments)
+        return fake
+
+    return make
+
+
+@pytest.fixture
+def stopped(capsys):
+    """Runs the autoload hook, which must stop the program with status 2; returns its one line."""
+    from gpumem import _autoload
+
+    def run() -> str:
+        with pytest.raises(SystemExit) as caught:
+            _autoload.install()
+        assert caught.value.code == 2
+        [line] = capsys.readouterr().err.splitlines()
+        return line
+
+    return run
+
+
 @pytest.fixture(scope="session")  # holds no state: module fixtures may share one process's result
 def run_python():
     """Runs Python code in a fresh interpreter and returns the JSON value it prints last.

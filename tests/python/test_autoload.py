@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from fake_c import GiB, FakeC, use_fake_c
+from fake_c import GiB
 from gpumem import _C, _autoload
 
 PTH = "gpumem-autoload.pth"
@@ -192,26 +192,9 @@ def test_the_gpumem_command_reads_a_bad_limit_itself(command):
 
 
 @pytest.fixture
-def devices(monkeypatch):
-    """Sets up fake devices (8 GiB each) and GPUMEM_LIMIT; returns the fake _C."""
-    monkeypatch.setattr(_autoload, "state", "not run")
-    monkeypatch.setattr(sys, "argv", ["train.py"])
-
-    def make(limit: str, count: int = 2) -> FakeC:
-        fake = FakeC([8 * GiB] * count)
-        use_fake_c(monkeypatch, fake)
-        monkeypatch.setenv("GPUMEM_LIMIT", limit)
-        return fake
-
-    return make
-
-
-def stopped(capsys) -> str:
-    with pytest.raises(SystemExit) as caught:
-        _autoload.install()
-    assert caught.value.code == 2
-    [line] = capsys.readouterr().err.splitlines()
-    return line
+def devices(hook_devices):
+    """Fake devices (8 GiB each) and GPUMEM_LIMIT; returns the fake _C."""
+    return hook_devices
 
 
 def test_install_applies_one_limit_to_every_device(devices):
@@ -227,15 +210,15 @@ def test_install_applies_per_device_limits(devices):
     assert fake.limits() == [1 * GiB, 2 * GiB]
 
 
-def test_a_limit_larger_than_the_device_stops_with_status_2(devices, capsys):
+def test_a_limit_larger_than_the_device_stops_with_status_2(devices, stopped):
     fake = devices("0:9GB")
-    assert stopped(capsys).startswith('gpumem: bad GPUMEM_LIMIT "0:9GB": ')
+    assert stopped().startswith('gpumem: bad GPUMEM_LIMIT "0:9GB": ')
     assert not fake.installed
 
 
-def test_a_device_that_is_not_there_stops_with_status_2(devices, capsys):
+def test_a_device_that_is_not_there_stops_with_status_2(devices, stopped):
     devices("2:1GB")
-    line = stopped(capsys)
+    line = stopped()
     assert line.startswith('gpumem: bad GPUMEM_LIMIT "2:1GB": ') and "no CUDA device 2" in line
 
 
@@ -246,9 +229,9 @@ def test_without_a_device_nothing_is_installed_and_nothing_printed(devices, caps
     assert capsys.readouterr() == ("", "")
 
 
-def test_a_syntax_error_stops_even_without_a_device(devices, capsys):
+def test_a_syntax_error_stops_even_without_a_device(devices, stopped):
     devices("4XB", count=0)
-    assert stopped(capsys).startswith('gpumem: bad GPUMEM_LIMIT "4XB": unknown unit "XB". Accepted forms: ')
+    assert stopped().startswith('gpumem: bad GPUMEM_LIMIT "4XB": unknown unit "XB". Accepted forms: ')
 
 
 def test_the_gpumem_console_script_is_left_alone(devices, monkeypatch):

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import gpumem
-from fake_c import GiB, FakeC, use_fake_c
+from fake_c import GiB
 from gpumem import _autoload, _env
 
 MiB = 1 << 20
@@ -84,27 +84,9 @@ def test_a_bad_value_stops_set_limit_too(fake_c, monkeypatch):
 
 
 @pytest.fixture
-def devices(monkeypatch):
+def devices(hook_devices):
     """Fake 8 GiB devices, GPUMEM_LIMIT=4GB (which arms the hook) and GPUMEM_SEGMENTS as given."""
-    monkeypatch.setattr(_autoload, "state", "not run")
-    monkeypatch.setattr(sys, "argv", ["train.py"])
-
-    def make(segments: str, count: int = 2) -> FakeC:
-        fake = FakeC([8 * GiB] * count)
-        use_fake_c(monkeypatch, fake)
-        monkeypatch.setenv("GPUMEM_LIMIT", "4GB")
-        monkeypatch.setenv("GPUMEM_SEGMENTS", segments)
-        return fake
-
-    return make
-
-
-def stopped(capsys) -> str:
-    with pytest.raises(SystemExit) as caught:
-        _autoload.install()
-    assert caught.value.code == 2
-    [line] = capsys.readouterr().err.splitlines()
-    return line
+    return lambda segments, count=2: hook_devices("4GB", segments, count)
 
 
 def test_the_hook_applies_it(devices):
@@ -114,17 +96,17 @@ def test_the_hook_applies_it(devices):
     assert fake.segments() == [False, False] and fake.limits() == [4 * GiB, 4 * GiB]
 
 
-def test_a_bad_value_stops_the_hook_with_status_2_naming_it_and_the_forms(devices, capsys):
+def test_a_bad_value_stops_the_hook_with_status_2_naming_it_and_the_forms(devices, stopped):
     fake = devices("fast")
-    line = stopped(capsys)
+    line = stopped()
     assert line == ('gpumem: bad GPUMEM_SEGMENTS "fast": give "growable" or "plain". The program stops rather '
                     "than run with segments it did not ask for: fix GPUMEM_SEGMENTS or unset it.")
     assert not fake.installed
 
 
-def test_a_bad_value_stops_the_hook_even_without_a_device(devices, capsys):
+def test_a_bad_value_stops_the_hook_even_without_a_device(devices, stopped):
     devices("fast", count=0)
-    assert stopped(capsys).startswith('gpumem: bad GPUMEM_SEGMENTS "fast": ')
+    assert stopped().startswith('gpumem: bad GPUMEM_SEGMENTS "fast": ')
 
 
 def test_a_bad_value_stops_a_torch_program_at_import_with_status_2():

@@ -34,9 +34,10 @@ def test_a_cuda_graph_captured_under_a_cap_replays_correctly(run_python):
                 graph.replay()
                 errors.append((static_out - linear(fresh).relu()).abs().max().item())
         print(json.dumps({"errors": errors, "reserved": torch.cuda.max_memory_reserved(),
-                          "limit": gpumem.get_limit()}))
+                          "limit": gpumem.get_limit(), "segments": gpumem.get_segments()}))
         """
     )
+    assert result["segments"] == "growable"  # graphs work with gpumem's default segments
     assert max(result["errors"]) < 1e-4
     assert result["reserved"] <= result["limit"]
 
