@@ -19,11 +19,21 @@ void check_release_threshold(double share) {
 
 namespace {
 
-// The block after the mapped stretch that starts at `first`, or nullptr at the segment's end.
-const Block* stretch_end(const Block* first) {
-  const Block* end = first;
-  while (end && end->mapped) end = end->next;
-  return end;
+// Calls f(first, end, stop) for each mapped stretch of `segment`: its first block, the block after
+// it (nullptr at the segment's end) and the address it stops at. A plain segment is one stretch.
+// Unmapped blocks are whole pages, so in a growable segment a stretch is whole pages too.
+template <typename F>
+void for_each_stretch(const Segment& segment, F f) {
+  for (const Block* b = segment.head; b;) {
+    if (!b->mapped) {
+      b = b->next;
+      continue;
+    }
+    const Block* end = b;
+    while (end && end->mapped) end = end->next;
+    f(b, end, end ? end->addr : segment.addr + segment.size);
+    b = end;
+  }
 }
 
 }  // namespace
@@ -50,17 +60,9 @@ DeviceAllocator::~DeviceAllocator() {
       backend_.release(device_, segment->head->ptr(), segment->size);
       continue;
     }
-    // Mapped stretches start and end on page boundaries: unmapped blocks are whole pages.
-    for (const Block* b = segment->head; b;) {
-      if (!b->mapped) {
-        b = b->next;
-        continue;
-      }
-      const Block* end = stretch_end(b);
-      const std::uintptr_t stop = end ? end->addr : segment->addr + segment->size;
-      backend_.unmap(device_, b->ptr(), stop - b->addr);
-      b = end;
-    }
+    for_each_stretch(*segment, [&](const Block* first, const Block*, std::uintptr_t stop) {
+      backend_.unmap(device_, first->ptr(), stop - first->addr);
+    });
     backend_.release_address(device_, segment->head->ptr(), segment->size);
   }
 }
@@ -514,19 +516,12 @@ std::vector<SegmentInfo> DeviceAllocator::snapshot() const {
   std::vector<SegmentInfo> out;
   out.reserve(segments_.size());
   for (const auto& [addr, segment] : segments_) {
-    for (const Block* b = segment->head; b;) {
-      if (!b->mapped) {
-        b = b->next;
-        continue;
-      }
-      const Block* end = stretch_end(b);
-      SegmentInfo info{b->addr, 0, segment->stream, segment->pool->id, segment->small, segment->growable, {}};
-      for (; b != end; b = b->next) {
-        info.size += b->size;
-        info.blocks.push_back(info_of(*b));
-      }
+    const Segment& s = *segment;
+    for_each_stretch(s, [&](const Block* first, const Block* end, std::uintptr_t stop) {
+      SegmentInfo info{first->addr, stop - first->addr, s.stream, s.pool->id, s.small, s.growable, {}};
+      for (const Block* b = first; b != end; b = b->next) info.blocks.push_back(info_of(*b));
       out.push_back(std::move(info));
-    }
+    });
   }
   return out;
 }
@@ -539,14 +534,11 @@ std::optional<std::pair<std::uintptr_t, std::size_t>> DeviceAllocator::segment_o
   const Segment& s = *std::prev(it)->second;
   if (addr >= s.addr + s.size) return std::nullopt;
   if (!s.growable) return std::make_pair(s.addr, s.size);
-  // The mapped stretch holding `addr`.
-  for (const Block* b = s.head; b;) {
-    const Block* end = b->mapped ? stretch_end(b) : b->next;
-    const std::uintptr_t stop = end ? end->addr : s.addr + s.size;
-    if (addr < stop) return b->mapped ? std::make_optional(std::make_pair(b->addr, stop - b->addr)) : std::nullopt;
-    b = end;
-  }
-  return std::nullopt;
+  std::optional<std::pair<std::uintptr_t, std::size_t>> stretch;  // the mapped stretch holding `addr`
+  for_each_stretch(s, [&](const Block* first, const Block*, std::uintptr_t stop) {
+    if (addr >= first->addr && addr < stop) stretch = std::make_pair(first->addr, stop - first->addr);
+  });
+  return stretch;
 }
 
 // ---- private pools ----

@@ -156,7 +156,7 @@ class DeviceAllocator {
   };
   Growth choose_unmapped(const Pool& pool, bool small, StreamId stream, std::size_t size) const;
   bool recycle_before_high_mark(const Growth& growth, StreamId stream, std::size_t size);
-  std::size_t whole_pages(const Block* block) const;
+  std::pair<std::uintptr_t, std::uintptr_t> pages_inside(const Block* block) const;
   Block* reserve_growable(Pool& pool, bool small, StreamId stream, std::size_t size);
   Block* map_front(Block* unmapped, std::size_t size);
   std::size_t unmap_block(Block* block);

@@ -155,8 +155,7 @@ Block* DeviceAllocator::map_front(Block* unmapped, std::size_t size) {
 std::size_t DeviceAllocator::unmap_block(Block* block) {
   Segment& segment = *block->segment;
   const bool small = segment.small;
-  const std::uintptr_t lo = segment.addr + round_up(block->addr - segment.addr, page_size_);
-  const std::uintptr_t hi = segment.addr + (block->addr + block->size - segment.addr) / page_size_ * page_size_;
+  const auto [lo, hi] = pages_inside(block);
   if (hi <= lo) return 0;
   backend_.unmap(device_, reinterpret_cast<void*>(lo), hi - lo);
   cap_.unreserve(hi - lo);
@@ -190,16 +189,19 @@ std::size_t DeviceAllocator::unmap_block(Block* block) {
   return hi - lo;
 }
 
-// The bytes of the whole pages inside `block`, if it is cached in a growable segment; else 0.
-std::size_t DeviceAllocator::whole_pages(const Block* block) const {
+// [lo, hi): the whole pages inside `block` of a growable segment (empty when lo >= hi).
+std::pair<std::uintptr_t, std::uintptr_t> DeviceAllocator::pages_inside(const Block* block) const {
   const Segment& s = *block->segment;
-  if (!s.growable || !block->is_cached()) return 0;
   const std::uintptr_t lo = s.addr + round_up(block->addr - s.addr, page_size_);
   const std::uintptr_t hi = s.addr + (block->addr + block->size - s.addr) / page_size_ * page_size_;
-  return hi > lo ? hi - lo : 0;
+  return {lo, hi};
 }
 
-bool DeviceAllocator::holds_free_page(const Block* block) const { return whole_pages(block) > 0; }
+bool DeviceAllocator::holds_free_page(const Block* block) const {
+  if (!block->segment->growable || !block->is_cached()) return false;
+  const auto [lo, hi] = pages_inside(block);
+  return hi > lo;
+}
 
 // Cached blocks of growable segments that hold at least one whole page, oldest segment first and
 // in address order within one.
