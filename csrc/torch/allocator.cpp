@@ -21,6 +21,21 @@ std::vector<TorchAllocator*>& adapters() {
 
 bool in_private_pool(const Block* block) { return !block->segment->pool->id.is_default(); }
 
+// A DataPtr's context: the Block* for the default pool, the address with its low bit set for a
+// private pool (see allocator.h). Block objects and device addresses are both even.
+constexpr std::uintptr_t kAddressTag = 1;
+bool is_address_context(const void* ctx) { return (reinterpret_cast<std::uintptr_t>(ctx) & kAddressTag) != 0; }
+void* address_context(const Block* block) { return reinterpret_cast<void*>(block->addr | kAddressTag); }
+std::uintptr_t address_in(const void* ctx) { return reinterpret_cast<std::uintptr_t>(ctx) & ~kAddressTag; }
+
+// A deleter runs inside torch's noexcept destructors: what goes wrong there is reported, not thrown.
+void warn_from_deleter(const char* what) noexcept {
+  try {
+    TORCH_WARN("gpumem: freeing a CUDA tensor failed: ", what);
+  } catch (...) {
+  }
+}
+
 }  // namespace
 
 TorchAllocator::TorchAllocator(Backend& backend, std::unique_ptr<CudaContext> context, AllocatorConfig defaults)
@@ -38,6 +53,23 @@ TorchAllocator::~TorchAllocator() {
   std::lock_guard<std::mutex> lock(adapters_mutex());
   auto& list = adapters();
   list.erase(std::remove(list.begin(), list.end(), this), list.end());
+}
+
+void* TorchAllocator::context_of(const Block* block) {
+  return in_private_pool(block) ? address_context(block) : const_cast<Block*>(block);
+}
+
+Block* TorchAllocator::take_pool_block(std::uintptr_t addr, TorchAllocator** owner) {
+  std::lock_guard<std::mutex> lock(adapters_mutex());
+  for (TorchAllocator* adapter : adapters()) {
+    for (int d = 0; d < adapter->pool_blocks_.device_count(); ++d) {
+      if (Block* block = adapter->pool_blocks_.take(d, addr)) {
+        *owner = adapter;
+        return block;
+      }
+    }
+  }
+  return nullptr;
 }
 
 TorchAllocator& TorchAllocator::owner_of(const Block* block) {
@@ -67,7 +99,7 @@ c10::DataPtr TorchAllocator::allocate(size_t size) {
   // An empty DataPtr still carries gpumem's deleter (never called on null), as native does.
   if (size == 0) return {nullptr, nullptr, &delete_block, where};
   Block* block = malloc_block(device, size, context_->current_stream(device));
-  return {block->ptr(), block, &delete_block, where};
+  return {block->ptr(), C10_UNLIKELY(in_private_pool(block)) ? address_context(block) : block, &delete_block, where};
 }
 
 Block* TorchAllocator::malloc_block(int device, size_t size, StreamId stream) {
@@ -91,19 +123,38 @@ void TorchAllocator::after_malloc_slow(int device, Block* block, size_t size) {
 }
 
 void TorchAllocator::delete_block(void* ctx) {
-  auto* block = static_cast<Block*>(ctx);
-  if (C10_UNLIKELY(History::any_active() || in_private_pool(block))) {
-    owner_of(block).free_block_slow(block);
-    return;
+  try {
+    if (C10_UNLIKELY(is_address_context(ctx))) {
+      free_pool_address(address_in(ctx));
+      return;
+    }
+    auto* block = static_cast<Block*>(ctx);
+    if (C10_UNLIKELY(History::any_active())) {
+      owner_of(block).free_recorded(block);
+      return;
+    }
+    CachingAllocator::free(block);
+  } catch (const std::exception& e) {
+    warn_from_deleter(e.what());
+  } catch (...) {
+    warn_from_deleter("unknown error");
   }
-  CachingAllocator::free(block);
 }
 
-void TorchAllocator::free_block_slow(Block* block) {
-  const int device = block->segment->owner->device();
-  const PoolId pool = block->segment->pool->id;
-  if (!pool.is_default()) pool_blocks_.remove(device, block);
+void TorchAllocator::free_pool_address(std::uintptr_t addr) {
+  TorchAllocator* owner = nullptr;
+  Block* block = take_pool_block(addr, &owner);
+  // Native would throw here, inside a destructor, and end the process. The address was freed
+  // already: a tensor torch should have named as stale to a checkpoint restore, or a double free.
+  TORCH_CHECK(block, "no block of a CUDA graph's private pool starts at ", reinterpret_cast<void*>(addr),
+              " (freed twice, or freed by a checkpoint restore that was not told of this tensor)");
+  owner->free_recorded(block);
+}
+
+void TorchAllocator::free_recorded(Block* block) {
   if (history_.active()) {
+    const int device = block->segment->owner->device();
+    const PoolId pool = block->segment->pool->id;
     record(History::Action::FREE_REQUESTED, device, block->ptr(), block->requested, block->stream, pool);
     // A block still used by other streams completes later, inside the core, unseen by the history.
     if (block->stream_uses.empty()) {
@@ -168,27 +219,13 @@ void* TorchAllocator::raw_alloc_on(int device, size_t nbytes, StreamId stream) {
 
 void TorchAllocator::raw_delete(void* ptr) {
   if (!ptr) return;
-  if (Block* block = core_.take_raw(ptr)) {
-    if (C10_UNLIKELY(history_.active())) {
-      const int device = block->segment->owner->device();
-      record(History::Action::FREE_REQUESTED, device, ptr, block->requested, block->stream, block->segment->pool->id);
-      if (block->stream_uses.empty()) {
-        record(History::Action::FREE_COMPLETED, device, ptr, block->requested, block->stream, block->segment->pool->id);
-      }
-    }
-    with_c10_errors([&] { CachingAllocator::free(block); });
-    return;
-  }
+  Block* block = core_.take_raw(ptr);
   // A private-pool block whose DataPtr torch let go of: cudagraph trees free those by address.
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  for (int d = 0; d < pool_blocks_.device_count(); ++d) {
-    if (Block* block = pool_blocks_.find(d, addr)) {
-      free_block_slow(block);
-      return;
-    }
-  }
-  TORCH_CHECK(false, "gpumem: raw_delete of ", ptr,
+  for (int d = 0; !block && d < pool_blocks_.device_count(); ++d) block = pool_blocks_.take(d, addr);
+  TORCH_CHECK(block, "gpumem: raw_delete of ", ptr,
               ", which gpumem did not hand out through raw_alloc or to a CUDA graph's private pool");
+  with_c10_errors([&] { free_recorded(block); });
 }
 
 // ---- streams ----
@@ -200,7 +237,13 @@ void TorchAllocator::recordStream(const DataPtr& ptr, c10::cuda::CUDAStream stre
 void TorchAllocator::record_stream(const DataPtr& ptr, StreamId stream) {
   // Empty tensors have no block; DataPtrs of other allocators are not gpumem's to track.
   if (!ptr.get_context() || !owns(ptr)) return;
-  auto* block = static_cast<Block*>(ptr.get_context());
+  Block* block = static_cast<Block*>(ptr.get_context());
+  if (is_address_context(block)) {
+    const std::uintptr_t addr = address_in(block);
+    block = nullptr;
+    for (int d = 0; !block && d < pool_blocks_.device_count(); ++d) block = pool_blocks_.find(d, addr);
+    TORCH_CHECK(block, "gpumem: record_stream on a tensor whose memory at ", ptr.get(), " was already freed");
+  }
   with_c10_errors([&] { block->segment->owner->record_stream(block, stream); });
 }
 

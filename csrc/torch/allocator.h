@@ -11,6 +11,11 @@
 //    pool" (then it is entered in PoolBlocks). No maps, no std::function, no allocation of ours.
 //  - The deleter is a plain function (torch stores a function pointer). It reaches its adapter
 //    only on the slow path, through a process-wide list of live adapters (see allocator.cpp).
+//    It never throws: it runs inside torch's noexcept destructors, so a failure is a warning.
+//  - Private-pool DataPtrs carry the block's address (tagged in the low bit), not the Block*, and
+//    free by address as native's do: a checkpoint restore (checkpoint.cpp) frees and re-cuts the
+//    pool, so the Block behind an address changes while tensors made before the restore live on
+//    and must free the block that stands at their address now.
 //  - Device and stream come through CudaContext so the tests run with no GPU and no driver.
 //  - Errors leave as c10 errors, which Python maps: the core's OutOfMemoryError becomes
 //    c10::OutOfMemoryError (torch.OutOfMemoryError) with gpumem's message, LimitSpecError and
@@ -162,12 +167,15 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
 
  private:
   static void delete_block(void* ctx);
+  static void* context_of(const Block* block);
   static TorchAllocator& owner_of(const Block* block);
+  static Block* take_pool_block(std::uintptr_t addr, TorchAllocator** owner);
+  static void free_pool_address(std::uintptr_t addr);
 
   Block* malloc_block(int device, size_t size, StreamId stream);
   void* raw_alloc_on(int device, size_t nbytes, StreamId stream);
   void after_malloc_slow(int device, Block* block, size_t size);
-  void free_block_slow(Block* block);
+  void free_recorded(Block* block);  // the core's free, told to the history first
   [[noreturn]] void report_oom(const OutOfMemoryError& error, StreamId stream);
   gpumem::DeviceAllocator& device(DeviceIndex device);
   void record(History::Action action, int device, const void* ptr, size_t size, StreamId stream, PoolId pool);

@@ -234,7 +234,7 @@ TorchAllocator::CheckpointDelta TorchAllocator::setCheckpointPoolState(DeviceInd
     // 3. Cut the segments again.
     for (Block* block : cut_segments(d, pool, target_layouts(now, *checkpoint))) {
       registered.emplace(block->addr, block);
-      delta.dataptrs_allocd.emplace_back(block->ptr(), block, &delete_block, where);
+      delta.dataptrs_allocd.emplace_back(block->ptr(), context_of(block), &delete_block, where);
     }
     check_restored(d, *checkpoint);
     return delta;

@@ -1,9 +1,11 @@
 // The blocks of private pools (CUDA graphs, MemPools) that allocate() handed out, by address.
 //
 // Default-pool blocks are never entered: their DataPtr carries the Block*, so freeing needs no
-// lookup, and the hot path stays free of maps. Private-pool blocks are entered because torch also
-// names them by address alone: raw_delete of a pointer whose DataPtr torch released (cudagraph
-// trees do this), and the checkpoint restore, which frees every allocated block of a pool.
+// lookup, and the hot path stays free of maps. Private-pool blocks are entered because torch names
+// them by address alone: their DataPtrs carry the address (a checkpoint restore replaces the Block
+// behind an address while tensors made before it live on), raw_delete of a pointer whose DataPtr
+// torch released (cudagraph trees do this), and the restore itself, which frees every allocated
+// block of a pool.
 // One mutex per device; a block is entered after the core's malloc returns and removed before
 // the core's free, so the core's device lock is never held while this one is taken.
 #pragma once
@@ -39,6 +41,17 @@ class PoolBlocks {
     std::lock_guard<std::mutex> lock(d.mutex);
     auto it = d.blocks.find(addr);
     return it == d.blocks.end() ? nullptr : it->second;
+  }
+  // Removes and returns the block at `addr`, or nullptr: the one step a free by address needs, so
+  // a restore cannot run between the lookup and the removal.
+  Block* take(int device, std::uintptr_t addr) {
+    Device& d = devices_[device];
+    std::lock_guard<std::mutex> lock(d.mutex);
+    auto it = d.blocks.find(addr);
+    if (it == d.blocks.end()) return nullptr;
+    Block* block = it->second;
+    d.blocks.erase(it);
+    return block;
   }
   // Runs f(map) with the device's map locked: a multi-step change (the checkpoint restore) that
   // must not interleave with frees of the same pool.

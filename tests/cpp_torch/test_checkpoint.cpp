@@ -174,3 +174,147 @@ TEST_CASE("random allocations in the pool are restored to any earlier checkpoint
     live = std::move(delta.dataptrs_allocd);
   }
 }
+
+// ---- as cudagraph trees use it: tensors made before the restore keep their DataPtrs ----
+
+namespace {
+
+// Collects the warnings torch code raises while it lives.
+struct CollectedWarnings : c10::WarningHandler {
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  std::vector<std::string> messages;
+};
+
+// What torch's binding does with the DataPtrs of a restore when no storage takes them: the block
+// stays allocated with no owner, for a later raw_delete.
+std::vector<void*> orphan(std::vector<c10::DataPtr>& handed_back) {
+  std::vector<void*> out;
+  for (auto& p : handed_back) {
+    out.push_back(p.get());
+    p.release_context();
+  }
+  handed_back.clear();
+  return out;
+}
+
+std::size_t allocated(SimAdapter& sim) { return sim.core_device().stats().allocated_bytes[kAll].current; }
+
+}  // namespace
+
+TEST_CASE("tensors alive across a restore free the blocks that stand at their addresses", "[torch][checkpoint]") {
+  SimAdapter sim;
+  TreePool pool(sim);
+  std::vector<c10::DataPtr> live;
+  for (std::size_t size : {512 * KiB, 512 * KiB, 512 * KiB, 300 * KiB}) live.push_back(sim.adapter.allocate(size));
+  const auto saved = pool_layout(sim);
+  auto delta = sim.adapter.setCheckpointPoolState(0, sim.adapter.getCheckpointState(0, kPool));
+  REQUIRE(delta.ptrs_freed.size() == 4);
+  REQUIRE(addresses(delta.dataptrs_allocd) == addresses(live));
+  orphan(delta.dataptrs_allocd);
+  REQUIRE(pool_layout(sim) == saved);
+  live.clear();  // the old DataPtrs' deleters run now
+  REQUIRE(allocated(sim) == 0);
+  sim.core_device().check_invariants();
+}
+
+TEST_CASE("a block alive in the middle of a segment is restored and freed through its old tensor",
+          "[torch][checkpoint]") {
+  SimAdapter sim;
+  TreePool pool(sim);
+  std::vector<c10::DataPtr> live;
+  for (int i = 0; i < 5; ++i) live.push_back(sim.adapter.allocate(256 * KiB));
+  // Keep the middle ones, contiguous, as the graph's outputs.
+  live.erase(live.begin());
+  live.pop_back();
+  const auto saved = pool_layout(sim);
+  const auto state = sim.adapter.getCheckpointState(0, kPool);
+  auto delta = sim.adapter.setCheckpointPoolState(0, state);
+  REQUIRE(addresses(delta.dataptrs_allocd) == addresses(live));
+  orphan(delta.dataptrs_allocd);
+  REQUIRE(pool_layout(sim) == saved);
+  REQUIRE(allocated(sim) == 3 * 256 * KiB);
+  live.erase(live.begin() + 1);
+  REQUIRE(allocated(sim) == 2 * 256 * KiB);
+  live.clear();
+  REQUIRE(allocated(sim) == 0);
+  sim.core_device().check_invariants();
+}
+
+TEST_CASE("a tensor that died after the checkpoint comes back allocated and is freed by address",
+          "[torch][checkpoint]") {
+  SimAdapter sim;
+  TreePool pool(sim);
+  std::vector<c10::DataPtr> live;
+  for (int i = 0; i < 3; ++i) live.push_back(sim.adapter.allocate(1 * MiB));
+  const auto state = sim.adapter.getCheckpointState(0, kPool);
+  void* dead = live[1].get();
+  live.erase(live.begin() + 1);
+  auto delta = sim.adapter.setCheckpointPoolState(0, state);
+  REQUIRE(delta.ptrs_freed.size() == 2);
+  REQUIRE(delta.dataptrs_allocd.size() == 3);
+  orphan(delta.dataptrs_allocd);
+  REQUIRE(allocated(sim) == 3 * MiB);
+  sim.adapter.raw_delete(dead);  // cudagraph trees free the outputs that died since the recording
+  REQUIRE(allocated(sim) == 2 * MiB);
+  live.clear();
+  REQUIRE(allocated(sim) == 0);
+  sim.core_device().check_invariants();
+}
+
+TEST_CASE("a DataPtr handed back to a storage frees its block into the pool", "[torch][checkpoint]") {
+  SimAdapter sim;
+  TreePool pool(sim);
+  std::vector<c10::DataPtr> live;
+  live.push_back(sim.adapter.allocate(2 * MiB));
+  const auto state = sim.adapter.getCheckpointState(0, kPool);
+  auto delta = sim.adapter.setCheckpointPoolState(0, state);
+  // The storage was rebuilt without a deleter; it takes the DataPtr the restore made.
+  live[0].release_context();
+  c10::DataPtr storage = std::move(delta.dataptrs_allocd.at(0));
+  REQUIRE(storage.get_deleter() == sim.adapter.raw_deleter());
+  REQUIRE(allocated(sim) == 2 * MiB);
+  storage.clear();
+  REQUIRE(allocated(sim) == 0);
+  sim.core_device().check_invariants();
+}
+
+TEST_CASE("a tensor freed twice across a restore is a warning, not a crash", "[torch][checkpoint]") {
+  SimAdapter sim;
+  TreePool pool(sim);
+  std::vector<c10::DataPtr> live;
+  live.push_back(sim.adapter.allocate(1 * MiB));
+  const auto state = sim.adapter.getCheckpointState(0, kPool);
+  live.push_back(sim.adapter.allocate(1 * MiB));  // made after the checkpoint, not named as stale
+  auto delta = sim.adapter.setCheckpointPoolState(0, state);
+  REQUIRE(delta.ptrs_freed.size() == 2);
+  orphan(delta.dataptrs_allocd);
+  CollectedWarnings warnings;
+  c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+  live.pop_back();  // its block went with the restore
+  REQUIRE(warnings.messages.size() == 1);
+  REQUIRE_THAT(warnings.messages[0], Catch::Contains("freed twice"));
+  REQUIRE(allocated(sim) == 1 * MiB);
+  live.clear();
+  REQUIRE(allocated(sim) == 0);
+  sim.core_device().check_invariants();
+}
+
+TEST_CASE("repeated restores with live tensors keep statistics equal to a recount", "[torch][checkpoint]") {
+  SimAdapter sim;
+  TreePool pool(sim);
+  std::vector<c10::DataPtr> live;
+  for (int i = 0; i < 6; ++i) live.push_back(sim.adapter.allocate((i + 1) * 200 * KiB));
+  const auto state = sim.adapter.getCheckpointState(0, kPool);
+  for (int round = 0; round < 4; ++round) {
+    std::vector<c10::DataPtr> extra;
+    extra.push_back(sim.adapter.allocate(3 * MiB));
+    auto delta = sim.adapter.setCheckpointPoolState(0, state);
+    // torch names tensors made after the checkpoint as stale: their deleters are taken away.
+    for (auto& p : extra) p.release_context();
+    orphan(delta.dataptrs_allocd);
+    sim.core_device().check_invariants();  // includes the recount of the statistics
+  }
+  live.clear();
+  REQUIRE(allocated(sim) == 0);
+  sim.core_device().check_invariants();
+}
