@@ -52,18 +52,32 @@ DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorCo
   growable_ = config.growable;
 }
 
+namespace {
+
+// A destructor must not throw (it would end the process): a backend call that fails while the
+// allocator is torn down leaves that memory to the driver, which frees it with the process.
+template <class F>
+void quietly(F&& f) noexcept {
+  try {
+    f();
+  } catch (...) {
+  }
+}
+
+}  // namespace
+
 DeviceAllocator::~DeviceAllocator() {
   // The owner is going away: give everything back, live blocks included.
-  for (const PendingFree& p : pending_) backend_.destroy_event(device_, p.event);
+  for (const PendingFree& p : pending_) quietly([&] { backend_.destroy_event(device_, p.event); });
   for (auto& [addr, segment] : segments_) {
     if (!segment->growable) {
-      backend_.release(device_, segment->head->ptr(), segment->size);
+      quietly([&] { backend_.release(device_, segment->head->ptr(), segment->size); });
       continue;
     }
     for_each_stretch(*segment, [&](const Block* first, const Block*, std::uintptr_t stop) {
-      backend_.unmap(device_, first->ptr(), stop - first->addr);
+      quietly([&] { backend_.unmap(device_, first->ptr(), stop - first->addr); });
     });
-    backend_.release_address(device_, segment->head->ptr(), segment->size);
+    quietly([&] { backend_.release_address(device_, segment->head->ptr(), segment->size); });
   }
 }
 

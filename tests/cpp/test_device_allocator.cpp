@@ -2,6 +2,7 @@
 // OutOfMemoryError that ends it, empty_cache, the read-only views (snapshot, segment_of), and the
 // CachingAllocator that holds one DeviceAllocator per device.
 #include <algorithm>
+#include <memory>
 #include <stdexcept>
 
 #include "core/caching_allocator.h"
@@ -576,4 +577,25 @@ TEST_CASE("configure of a device out of range throws DeviceError", "[caching_all
   SimBackend backend(kDeviceBytes, 2);
   CachingAllocator ca(backend);
   REQUIRE_THROWS_AS(ca.configure(2, config_with(MiB)), DeviceError);
+}
+
+namespace {
+
+// A device whose releases fail, as a driver can at process exit.
+struct FailingRelease final : SimBackend {
+  using SimBackend::SimBackend;
+  void release(int, void*, std::size_t) override { throw std::runtime_error("driver shut down"); }
+  void release_address(int, void*, std::size_t) override { throw std::runtime_error("driver shut down"); }
+};
+
+}  // namespace
+
+TEST_CASE("the destructor does not throw when the device refuses to take memory back", "[allocator]") {
+  const auto page = GENERATE(std::size_t{0}, 2 * MiB);
+  FailingRelease backend(kDeviceBytes);
+  if (page > 0) backend.enable_virtual_memory(page);
+  auto allocator = std::make_unique<DeviceAllocator>(backend, 0, config_with(std::nullopt));
+  allocator->malloc(3 * MiB, kStream0);
+  allocator->malloc(100, kStream0);
+  REQUIRE_NOTHROW(allocator.reset());
 }
