@@ -36,4 +36,10 @@ class Cap {
   std::atomic<std::size_t> reserved_{0};
 };
 
+// allocated + size <= limit, without overflow (size may be near SIZE_MAX; the limit may have been
+// lowered below allocated).
+inline bool fits_under(std::size_t allocated, std::size_t size, std::size_t limit) {
+  return allocated <= limit && size <= limit - allocated;
+}
+
 }  // namespace gpumem

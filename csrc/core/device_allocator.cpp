@@ -69,6 +69,9 @@ void quietly(F&& f) noexcept {
 DeviceAllocator::~DeviceAllocator() {
   // The owner is going away: give everything back, live blocks included.
   for (const PendingFree& p : pending_) quietly([&] { backend_.destroy_event(device_, p.event); });
+  for (const auto& [addr, bytes] : uncached_) {
+    quietly([&] { backend_.release(device_, reinterpret_cast<void*>(addr), bytes); });
+  }
   for (auto& [addr, segment] : segments_) {
     if (!segment->growable) {
       quietly([&] { backend_.release(device_, segment->head->ptr(), segment->size); });
@@ -83,15 +86,6 @@ DeviceAllocator::~DeviceAllocator() {
 
 // ---- malloc: the fallback chain ----
 
-namespace {
-
-// allocated + size <= limit, without overflow (size may be near SIZE_MAX; the limit may have been
-// lowered below allocated).
-bool fits_under(std::size_t allocated, std::size_t size, std::size_t limit) {
-  return allocated <= limit && size <= limit - allocated;
-}
-
-}  // namespace
 
 Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -106,8 +100,7 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream) {
 
   Block* block = try_cached(pool, small, stream, size);
   if (block) return place(block, size, requested);
-  const auto allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAll].current);
-  if (!fits_under(allocated, size, cap_.limit())) throw_oom(requested, size);
+  if (!fits_under(allocated_locked(), size, cap_.limit())) throw_oom(requested, size);
   block = try_new_memory(pool, small, stream, size);
   bool retried = false;
   if (!block && release_for(pool, size)) {
@@ -126,6 +119,10 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream) {
   block = place(block, size, requested);
   if (release_threshold_ > 0.0) apply_release_threshold();
   return block;
+}
+
+std::size_t DeviceAllocator::allocated_locked() const {
+  return static_cast<std::size_t>(stats_.allocated_bytes[kAll].current) + uncached_bytes_;
 }
 
 Pool& DeviceAllocator::pool_for_locked(StreamId stream) {
@@ -225,7 +222,7 @@ void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size) {
   OomInfo info;
   info.device = device_;
   info.requested = requested;
-  info.allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAll].current);
+  info.allocated = allocated_locked();
   info.reserved = cap_.reserved();
   info.limit = cap_.limit();
   const MemInfo mem = backend_.mem_info(device_);

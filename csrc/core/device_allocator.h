@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "core/backend.h"
@@ -80,6 +81,13 @@ class DeviceAllocator {
   // `block` is also used on `stream`: it is not reused until that stream's work queued so far is done.
   void record_stream(Block* block, StreamId stream);
 
+  // Caching off (core/uncached.cpp): `size` bytes straight from the device, under the cap, outside
+  // the statistics; throws OutOfMemoryError. free_uncached gives them back at once; false if `ptr`
+  // did not come from malloc_uncached.
+  void* malloc_uncached(std::size_t size);
+  bool free_uncached(void* ptr);
+  std::size_t uncached_bytes() const;
+
   // Returns every cached free segment to the device.
   void empty_cache();
 
@@ -133,6 +141,8 @@ class DeviceAllocator {
     StreamFilter filter;
   };
 
+  std::size_t allocated_locked() const;  // allocated blocks and uncached memory: what the cap is measured against
+  void* reserve_uncached(std::size_t bytes);
   Pool& pool_for_locked(StreamId stream);
   Block* try_cached(Pool& pool, bool small, StreamId stream, std::size_t size);
   Block* try_new_segment(Pool& pool, bool small, StreamId stream, std::size_t size);
@@ -201,6 +211,8 @@ class DeviceAllocator {
   std::size_t page_size_ = 0;                   // the backend's mapping granularity; 0: no growable segments
   bool growable_ = false;                       // asked for (in effect only if page_size_ > 0)
   std::size_t reserved_high_ = 0;               // the most ever reserved (not reset with the statistics)
+  std::unordered_map<std::uintptr_t, std::size_t> uncached_;  // address -> bytes, caching off
+  std::size_t uncached_bytes_ = 0;
   bool device_refused_ = false;                 // during this malloc, the backend said no
 };
 

@@ -122,8 +122,8 @@ void DeviceAllocator::check_invariants_locked() const {
 #define GPUMEM_COMPARE(name, help) compare(device_, #name, stats_.name, r.stats.name);
   GPUMEM_STAT_ARRAYS(GPUMEM_COMPARE)
 #undef GPUMEM_COMPARE
-  if (static_cast<std::int64_t>(cap_.reserved()) != stats_.reserved_bytes[kAll].current) {
-    broken(device_, "the cap's reserved bytes differ from the statistics", 0);
+  if (cap_.reserved() != static_cast<std::size_t>(stats_.reserved_bytes[kAll].current) + uncached_bytes_) {
+    broken(device_, "the cap's reserved bytes differ from the statistics and the uncached bytes", 0);
   }
   std::map<const Block*, int> events;
   for (const PendingFree& p : pending_) ++events[p.block];

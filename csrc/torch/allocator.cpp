@@ -21,12 +21,13 @@ std::vector<TorchAllocator*>& adapters() {
 
 bool in_private_pool(const Block* block) { return !block->segment->pool->id.is_default(); }
 
-// A DataPtr's context: the Block* for the default pool, the address with its low bit set for a
-// private pool (see allocator.h). Block objects and device addresses are both even.
-constexpr std::uintptr_t kAddressTag = 1;
-bool is_address_context(const void* ctx) { return (reinterpret_cast<std::uintptr_t>(ctx) & kAddressTag) != 0; }
-void* address_context(const Block* block) { return reinterpret_cast<void*>(block->addr | kAddressTag); }
-std::uintptr_t address_in(const void* ctx) { return reinterpret_cast<std::uintptr_t>(ctx) & ~kAddressTag; }
+// A DataPtr's context (see allocator.h): the Block* for the default pool; the address with tag 1
+// for a private pool, with tag 2 for memory handed out while caching is off. Block objects are
+// 8-byte aligned and device addresses 512-byte aligned, so the two low bits are free.
+constexpr std::uintptr_t kTagBits = 3, kPoolTag = 1, kUncachedTag = 2;
+std::uintptr_t tag_of(const void* ctx) { return reinterpret_cast<std::uintptr_t>(ctx) & kTagBits; }
+void* address_context(const Block* block) { return reinterpret_cast<void*>(block->addr | kPoolTag); }
+std::uintptr_t address_in(const void* ctx) { return reinterpret_cast<std::uintptr_t>(ctx) & ~kTagBits; }
 
 // A deleter runs inside torch's noexcept destructors: what goes wrong there is reported, not thrown.
 void warn_from_deleter(const char* what) noexcept {
@@ -98,6 +99,10 @@ c10::DataPtr TorchAllocator::allocate(size_t size) {
   const c10::Device where(c10::DeviceType::CUDA, static_cast<DeviceIndex>(device));
   // An empty DataPtr still carries gpumem's deleter (never called on null), as native does.
   if (size == 0) return {nullptr, nullptr, &delete_block, where};
+  if (C10_UNLIKELY(!enabled_.load(std::memory_order_relaxed))) {
+    void* ptr = malloc_uncached(device, size);
+    return {ptr, reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(ptr) | kUncachedTag), &delete_block, where};
+  }
   Block* block = malloc_block(device, size, context_->current_stream(device));
   return {block->ptr(), C10_UNLIKELY(in_private_pool(block)) ? address_context(block) : block, &delete_block, where};
 }
@@ -124,8 +129,12 @@ void TorchAllocator::after_malloc_slow(int device, Block* block, size_t size) {
 
 void TorchAllocator::delete_block(void* ctx) {
   try {
-    if (C10_UNLIKELY(is_address_context(ctx))) {
-      free_pool_address(address_in(ctx));
+    if (C10_UNLIKELY(tag_of(ctx) != 0)) {
+      if (tag_of(ctx) == kPoolTag) {
+        free_pool_address(address_in(ctx));
+      } else {
+        free_uncached_address(reinterpret_cast<void*>(address_in(ctx)));
+      }
       return;
     }
     auto* block = static_cast<Block*>(ctx);
@@ -149,6 +158,32 @@ void TorchAllocator::free_pool_address(std::uintptr_t addr) {
   TORCH_CHECK(block, "no block of a CUDA graph's private pool starts at ", reinterpret_cast<void*>(addr),
               " (freed twice, or freed by a checkpoint restore that was not told of this tensor)");
   owner->free_recorded(block);
+}
+
+void* TorchAllocator::malloc_uncached(int device, size_t size) {
+  try {
+    return core_.device(device).malloc_uncached(size);
+  } catch (const OutOfMemoryError& error) {
+    report_oom(error, context_->current_stream(device));
+  } catch (...) {
+    rethrow_as_c10_error();
+  }
+}
+
+bool TorchAllocator::free_uncached(void* ptr) {
+  for (int d = 0; d < core_.device_count(); ++d) {
+    gpumem::DeviceAllocator* device = core_.existing(d);
+    if (device && device->free_uncached(ptr)) return true;
+  }
+  return false;
+}
+
+void TorchAllocator::free_uncached_address(void* ptr) {
+  std::lock_guard<std::mutex> lock(adapters_mutex());
+  for (TorchAllocator* adapter : adapters()) {
+    if (adapter->free_uncached(ptr)) return;
+  }
+  TORCH_CHECK(false, "no memory handed out with caching off starts at ", ptr, " (freed twice?)");
 }
 
 void TorchAllocator::free_recorded(Block* block) {
@@ -201,6 +236,7 @@ void* TorchAllocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) 
 
 void* TorchAllocator::raw_alloc_on(int device, size_t nbytes, StreamId stream) {
   if (nbytes == 0) return nullptr;
+  if (C10_UNLIKELY(!enabled_.load(std::memory_order_relaxed))) return malloc_uncached(device, nbytes);
   if (C10_UNLIKELY(history_.active())) TracingBackend::set_request_stream(stream);
   void* ptr = nullptr;
   try {
@@ -223,6 +259,7 @@ void TorchAllocator::raw_delete(void* ptr) {
   // A private-pool block whose DataPtr torch let go of: cudagraph trees free those by address.
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   for (int d = 0; !block && d < pool_blocks_.device_count(); ++d) block = pool_blocks_.take(d, addr);
+  if (!block && with_c10_errors([&] { return free_uncached(ptr); })) return;
   TORCH_CHECK(block, "gpumem: raw_delete of ", ptr,
               ", which gpumem did not hand out through raw_alloc or to a CUDA graph's private pool");
   with_c10_errors([&] { free_recorded(block); });
@@ -238,7 +275,8 @@ void TorchAllocator::record_stream(const DataPtr& ptr, StreamId stream) {
   // Empty tensors have no block; DataPtrs of other allocators are not gpumem's to track.
   if (!ptr.get_context() || !owns(ptr)) return;
   Block* block = static_cast<Block*>(ptr.get_context());
-  if (is_address_context(block)) {
+  if (tag_of(block) == kUncachedTag) return;  // given back to the device when freed: nothing reuses it early
+  if (tag_of(block) == kPoolTag) {
     const std::uintptr_t addr = address_in(block);
     block = nullptr;
     for (int d = 0; !block && d < pool_blocks_.device_count(); ++d) block = pool_blocks_.find(d, addr);

@@ -12,7 +12,7 @@
 //  - The deleter is a plain function (torch stores a function pointer). It reaches its adapter
 //    only on the slow path, through a process-wide list of live adapters (see allocator.cpp).
 //    It never throws: it runs inside torch's noexcept destructors, so a failure is a warning.
-//  - Private-pool DataPtrs carry the block's address (tagged in the low bit), not the Block*, and
+//  - Private-pool DataPtrs carry the block's address (tagged in the low bits), not the Block*, and
 //    free by address as native's do: a checkpoint restore (checkpoint.cpp) frees and re-cuts the
 //    pool, so the Block behind an address changes while tensors made before the restore live on
 //    and must free the block that stands at their address now.
@@ -20,8 +20,9 @@
 //  - Errors leave as c10 errors, which Python maps: the core's OutOfMemoryError becomes
 //    c10::OutOfMemoryError (torch.OutOfMemoryError) with gpumem's message, LimitSpecError and
 //    DeviceError become c10::ValueError, anything else c10::Error.
-//  - enable(false) is recorded and reported by isEnabled() but does not bypass the cache (native
-//    would cudaMalloc directly): gpumem's cap is the point of installing it, so it stays in force.
+//  - enable(false) turns caching off as native does: each allocation comes from the device and
+//    goes back to it when freed, outside the statistics, and the cap still counts it
+//    (core/uncached.cpp). DataPtrs made before keep returning to the cache.
 //  - One file per concern: allocator.cpp (allocate, free, raw, streams, OOM, lifecycle),
 //    memory_queries.cpp (stats, fraction, free memory, cache), pools.cpp, checkpoint.cpp,
 //    snapshot.cpp (snapshot, history), cuda_ops.cpp (IPC, peer access, copies).
@@ -171,6 +172,9 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
   static TorchAllocator& owner_of(const Block* block);
   static Block* take_pool_block(std::uintptr_t addr, TorchAllocator** owner);
   static void free_pool_address(std::uintptr_t addr);
+  static void free_uncached_address(void* ptr);
+  void* malloc_uncached(int device, size_t size);
+  bool free_uncached(void* ptr);
 
   Block* malloc_block(int device, size_t size, StreamId stream);
   void* raw_alloc_on(int device, size_t nbytes, StreamId stream);

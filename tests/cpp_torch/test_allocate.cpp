@@ -199,15 +199,6 @@ TEST_CASE("init is idempotent and makes initialized true", "[torch][lifecycle]")
   REQUIRE(sim.adapter.initialized());
 }
 
-TEST_CASE("enable records the flag and allocation stays capped either way", "[torch][lifecycle]") {
-  SimAdapter sim;
-  REQUIRE(sim.adapter.isEnabled());
-  sim.adapter.enable(false);
-  REQUIRE_FALSE(sim.adapter.isEnabled());
-  sim.core_device().set_limit(std::string_view("64MB"));
-  REQUIRE_THROWS_AS(sim.adapter.allocate(100 * MiB), c10::OutOfMemoryError);
-}
-
 TEST_CASE("name is gpumem", "[torch][lifecycle]") {
   SimAdapter sim;
   REQUIRE(sim.adapter.name() == "gpumem");

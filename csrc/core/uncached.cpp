@@ -1,0 +1,67 @@
+// Memory handed out while caching is off (torch.cuda.caching_allocator_enable(False)): each
+// request is its own allocation from the device, given back to it when freed, as native does then.
+//
+// The cap still counts it: reserved bytes (the cap's) = segments' mapped bytes + uncached bytes.
+// The statistics do not, as native's do not; snapshots do not list it either. To make room under
+// the cap, the cache is emptied first, then the request is refused with an OutOfMemoryError.
+#include "core/device_allocator.h"
+#include "core/sizing.h"
+
+namespace gpumem {
+
+void* DeviceAllocator::malloc_uncached(std::size_t requested) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  device_refused_ = false;
+  if (requested > SIZE_MAX - kMinBlockSize) throw_oom(requested, requested);
+  const std::size_t bytes = round_size(requested);
+  if (!fits_under(allocated_locked(), bytes, cap_.limit())) throw_oom(requested, bytes);
+  void* ptr = reserve_uncached(bytes);
+  if (!ptr && pool_targets_.empty()) {
+    synchronize_and_process_events();
+    release_all_unused();
+    ptr = reserve_uncached(bytes);
+  }
+  if (!ptr) throw_oom(requested, bytes);
+  debug_check();
+  return ptr;
+}
+
+void* DeviceAllocator::reserve_uncached(std::size_t bytes) {
+  if (!cap_.try_reserve(bytes)) return nullptr;
+  void* ptr = nullptr;
+  try {
+    ptr = backend_.reserve(device_, bytes);
+  } catch (...) {
+    cap_.unreserve(bytes);
+    throw;
+  }
+  if (!ptr) {
+    cap_.unreserve(bytes);
+    device_refused_ = true;
+    return nullptr;
+  }
+  uncached_.emplace(reinterpret_cast<std::uintptr_t>(ptr), bytes);
+  uncached_bytes_ += bytes;
+  return ptr;
+}
+
+bool DeviceAllocator::free_uncached(void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = uncached_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == uncached_.end()) return false;
+  const std::size_t bytes = it->second;
+  // The device's own free waits for work queued on the memory, as cudaFree does.
+  backend_.release(device_, ptr, bytes);
+  uncached_.erase(it);
+  uncached_bytes_ -= bytes;
+  cap_.unreserve(bytes);
+  debug_check();
+  return true;
+}
+
+std::size_t DeviceAllocator::uncached_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return uncached_bytes_;
+}
+
+}  // namespace gpumem
