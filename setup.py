@@ -35,6 +35,10 @@ TORCH_FEATURES = [
     ("OOM_REJECTION_OBSERVER", "c10/cuda/CUDACachingAllocator.h", r"attachOomRejectionObserver"),
     ("GET_MEMORY_INFO", "*", r"std::pair<size_t,size_t>getMemoryInfo\("),
     ("IS_SIMPLE_DATA_PTR", "c10/core/Allocator.h", r"virtualboolis_simple_data_ptr"),
+    ("COMPILE_CONTEXT", "c10/cuda/CUDACachingAllocator.h", r"virtualvoidpushCompileContext\("),
+    ("USER_METADATA", "c10/cuda/CUDACachingAllocator.h", r"virtualvoidsetUserMetadata\("),
+    ("TRACE_ENTRY_COMPILE_CONTEXT", "*", r"std::stringcompile_context_;"),
+    ("TRACE_ENTRY_USER_METADATA", "*", r"std::stringuser_metadata_;"),
 ]
 ALLOCATOR_HEADERS = ["c10/cuda/CUDACachingAllocator.h", "c10/core/CachingDeviceAllocator.h"]
 

@@ -88,8 +88,8 @@ gpumem::DeviceAllocator& TorchAllocator::device(DeviceIndex device) {
 }
 
 void TorchAllocator::record(History::Action action, int device, const void* ptr, size_t size, StreamId stream,
-                            PoolId pool) {
-  history_.record(action, device, reinterpret_cast<std::uintptr_t>(ptr), size, stream, pool);
+                            PoolId pool, History::Context context) {
+  history_.record(action, device, reinterpret_cast<std::uintptr_t>(ptr), size, stream, pool, std::move(context));
 }
 
 // ---- allocate and free ----
@@ -108,23 +108,33 @@ c10::DataPtr TorchAllocator::allocate(size_t size) {
 }
 
 Block* TorchAllocator::malloc_block(int device, size_t size, StreamId stream) {
-  if (C10_UNLIKELY(history_.active())) TracingBackend::set_request_stream(stream);
-  Block* block = nullptr;
-  try {
-    block = core_.malloc(device, size, stream);
-  } catch (const OutOfMemoryError& error) {
-    report_oom(error, stream);
-  } catch (...) {
-    rethrow_as_c10_error();
-  }
-  if (C10_UNLIKELY(history_.active() || in_private_pool(block))) after_malloc_slow(device, block, size);
+  if (C10_UNLIKELY(history_.active())) return malloc_recorded(device, size, stream, false);
+  Block* block = call_core(stream, nullptr, [&] { return core_.malloc(device, size, stream); });
+  if (C10_UNLIKELY(in_private_pool(block))) pool_blocks_.add(device, block);
   return block;
 }
 
-void TorchAllocator::after_malloc_slow(int device, Block* block, size_t size) {
+// As native: the stack is taken before the allocator's lock (the recorder takes the GIL), kept
+// for the block and the segments the request makes, and put on the trace entries.
+Block* TorchAllocator::malloc_recorded(int device, size_t size, StreamId stream, bool raw) {
+  History::Context context = history_.gather(History::RecordContext::STATE);
+  Block* block = nullptr;
+  {
+    TracingBackend::Request request(stream, context);
+    block = call_core(stream, context, [&] {
+      return raw ? core_.find_raw(core_.raw_alloc(device, size, stream)) : core_.malloc(device, size, stream);
+    });
+  }
   const PoolId pool = block->segment->pool->id;
-  if (!pool.is_default()) pool_blocks_.add(device, block);
-  if (history_.active()) record(History::Action::ALLOC, device, block->ptr(), size, block->stream, pool);
+  if (!raw && !pool.is_default()) pool_blocks_.add(device, block);
+  history_.remember_block(device, block->addr, context);
+  record(History::Action::ALLOC, device, block->ptr(), size, block->stream, pool, std::move(context));
+  return block;
+}
+
+std::optional<TracingBackend::Request> TorchAllocator::request_scope(StreamId stream, History::RecordContext level) {
+  if (!history_.active()) return std::nullopt;
+  return std::optional<TracingBackend::Request>(std::in_place, stream, history_.gather(level));
 }
 
 void TorchAllocator::delete_block(void* ctx) {
@@ -161,13 +171,7 @@ void TorchAllocator::free_pool_address(std::uintptr_t addr) {
 }
 
 void* TorchAllocator::malloc_uncached(int device, size_t size) {
-  try {
-    return core_.device(device).malloc_uncached(size);
-  } catch (const OutOfMemoryError& error) {
-    report_oom(error, context_->current_stream(device));
-  } catch (...) {
-    rethrow_as_c10_error();
-  }
+  return call_core(context_->current_stream(device), nullptr, [&] { return core_.device(device).malloc_uncached(size); });
 }
 
 bool TorchAllocator::free_uncached(void* ptr) {
@@ -187,22 +191,30 @@ void TorchAllocator::free_uncached_address(void* ptr) {
 }
 
 void TorchAllocator::free_recorded(Block* block) {
-  if (history_.active()) {
-    const int device = block->segment->owner->device();
-    const PoolId pool = block->segment->pool->id;
-    record(History::Action::FREE_REQUESTED, device, block->ptr(), block->requested, block->stream, pool);
-    // A block still used by other streams completes later, inside the core, unseen by the history.
-    if (block->stream_uses.empty()) {
-      record(History::Action::FREE_COMPLETED, device, block->ptr(), block->requested, block->stream, pool);
-    }
+  if (!history_.active()) {
+    CachingAllocator::free(block);
+    return;
   }
+  const int device = block->segment->owner->device();
+  const PoolId pool = block->segment->pool->id;
+  // The freeing stack where recording keeps it (ALL), else the allocating one, as native.
+  History::Context freeing = history_.gather(History::RecordContext::ALL);
+  History::Context allocating = history_.forget_block(device, block->addr);
+  const History::Context& context = freeing ? freeing : allocating;
+  record(History::Action::FREE_REQUESTED, device, block->ptr(), block->requested, block->stream, pool, context);
+  // A block still used by other streams completes later, inside the core, unseen by the history.
+  if (block->stream_uses.empty()) {
+    record(History::Action::FREE_COMPLETED, device, block->ptr(), block->requested, block->stream, pool, context);
+  }
+  TracingBackend::Request request(block->stream, std::move(freeing));
   CachingAllocator::free(block);
 }
 
-void TorchAllocator::report_oom(const OutOfMemoryError& error, StreamId stream) {
+void TorchAllocator::report_oom(const OutOfMemoryError& error, StreamId stream, const History::Context& context) {
   const OomInfo& info = error.info();
   if (history_.active()) {
-    record(History::Action::OOM, info.device, reinterpret_cast<void*>(info.device_free), info.requested, stream, {});
+    record(History::Action::OOM, info.device, reinterpret_cast<void*>(info.device_free), info.requested, stream, {},
+           context);
   }
   std::vector<OutOfMemoryObserver> observers;
   {
@@ -237,20 +249,8 @@ void* TorchAllocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) 
 void* TorchAllocator::raw_alloc_on(int device, size_t nbytes, StreamId stream) {
   if (nbytes == 0) return nullptr;
   if (C10_UNLIKELY(!enabled_.load(std::memory_order_relaxed))) return malloc_uncached(device, nbytes);
-  if (C10_UNLIKELY(history_.active())) TracingBackend::set_request_stream(stream);
-  void* ptr = nullptr;
-  try {
-    ptr = core_.raw_alloc(device, nbytes, stream);
-  } catch (const OutOfMemoryError& error) {
-    report_oom(error, stream);
-  } catch (...) {
-    rethrow_as_c10_error();
-  }
-  if (C10_UNLIKELY(history_.active())) {
-    const Block* block = core_.find_raw(ptr);
-    record(History::Action::ALLOC, device, ptr, nbytes, stream, block->segment->pool->id);
-  }
-  return ptr;
+  if (C10_UNLIKELY(history_.active())) return malloc_recorded(device, nbytes, stream, true)->ptr();
+  return call_core(stream, nullptr, [&] { return core_.raw_alloc(device, nbytes, stream); });
 }
 
 void TorchAllocator::raw_delete(void* ptr) {

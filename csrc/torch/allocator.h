@@ -31,6 +31,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -38,6 +39,7 @@
 
 #include "core/caching_allocator.h"
 #include "torch/compat.h"
+#include "torch/error_bridge.h"
 #include "torch/cuda_context.h"
 #include "torch/history.h"
 #include "torch/pool_blocks.h"
@@ -155,6 +157,14 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
                      size_t alloc_trace_max_entries, c10::cuda::CUDACachingAllocator::RecordContext when
                      GPUMEM_CLEAR_HISTORY_PARAM GPUMEM_SKIP_ACTIONS_PARAM) override;
   bool isHistoryEnabled() override;
+#if GPUMEM_TORCH_HAS_COMPILE_CONTEXT
+  void pushCompileContext(std::string& md) override;
+  void popCompileContext() override;
+#endif
+#if GPUMEM_TORCH_HAS_USER_METADATA
+  void setUserMetadata(const std::string& metadata) override;
+  std::string getUserMetadata() override;
+#endif
 
   // ---- what gpumem leaves to CUDA or does not support (cuda_ops.cpp) ----
   void copy_data(void* dest, const void* src, size_t count) const override;
@@ -177,12 +187,28 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
   bool free_uncached(void* ptr);
 
   Block* malloc_block(int device, size_t size, StreamId stream);
+  Block* malloc_recorded(int device, size_t size, StreamId stream, bool raw);
   void* raw_alloc_on(int device, size_t nbytes, StreamId stream);
-  void after_malloc_slow(int device, Block* block, size_t size);
+  // While history is active: the calling thread's request, with its stack at `level`, for the
+  // segment entries the core's work causes (see TracingBackend::Request).
+  std::optional<TracingBackend::Request> request_scope(StreamId stream, History::RecordContext level);
+  // Runs a core call; its OutOfMemoryError is reported (observers, history) and rethrown as
+  // torch's, any other error as a c10 error.
+  template <class F>
+  decltype(auto) call_core(StreamId stream, const History::Context& context, F&& f) {
+    try {
+      return f();
+    } catch (const OutOfMemoryError& error) {
+      report_oom(error, stream, context);
+    } catch (...) {
+      rethrow_as_c10_error();
+    }
+  }
   void free_recorded(Block* block);  // the core's free, told to the history first
-  [[noreturn]] void report_oom(const OutOfMemoryError& error, StreamId stream);
+  [[noreturn]] void report_oom(const OutOfMemoryError& error, StreamId stream, const History::Context& context);
   gpumem::DeviceAllocator& device(DeviceIndex device);
-  void record(History::Action action, int device, const void* ptr, size_t size, StreamId stream, PoolId pool);
+  void record(History::Action action, int device, const void* ptr, size_t size, StreamId stream, PoolId pool,
+              History::Context context = nullptr);
 
   std::unique_ptr<CudaContext> context_;
   History history_;

@@ -10,6 +10,8 @@
 
 #include <c10/cuda/CUDACachingAllocator.h>
 
+#include <string>
+
 #include "core/block.h"
 
 #ifndef GPUMEM_TORCH_HAS_DEVICE_ALLOCATOR_BASE
@@ -40,6 +42,17 @@ inline TorchTraceEntry make_trace_entry(TorchTraceEntry::Action action, c10::Dev
   (void)pool;
   return TorchTraceEntry(action, device, addr, size, stream, 0, std::move(context));
 #endif
+}
+
+// Tags an entry with the compile region and the user's metadata, where torch's entries have them.
+inline void tag_trace_entry(TorchTraceEntry& entry, const std::string& compile_context, const std::string& metadata) {
+#if GPUMEM_TORCH_HAS_TRACE_ENTRY_COMPILE_CONTEXT
+  entry.compile_context_ = compile_context;
+#endif
+#if GPUMEM_TORCH_HAS_TRACE_ENTRY_USER_METADATA
+  entry.user_metadata_ = metadata;
+#endif
+  (void)entry, (void)compile_context, (void)metadata;
 }
 
 }  // namespace gpumem::torch_compat

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <string_view>
+#include <utility>
 
 namespace gpumem {
 
@@ -45,21 +46,31 @@ void History::set_active_locked(bool active) {
 
 void History::configure(bool enabled, CreateContextFn recorder, std::size_t max_entries, RecordContext when, bool clear,
                         const std::vector<std::string>& skip_actions) {
+  bool skip[kActions] = {};
+  for (const std::string& name : skip_actions) {
+    const auto* known = std::find_if(std::begin(kActionNames), std::end(kActionNames),
+                                     [&](const auto& entry) { return entry.first == name; });
+    TORCH_CHECK(known != std::end(kActionNames), "gpumem: unknown action '", name.substr(0, 64),
+                "' in skip_actions; the actions are alloc, free_requested, free_completed, segment_alloc, "
+                "segment_free, segment_map, segment_unmap, snapshot, oom");
+    skip[known->second] = true;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   enabled_ = enabled;
   if (enabled) {
     recorder_ = recorder;
     when_ = when;
-    max_entries_ = max_entries;
-    std::fill(std::begin(skip_), std::end(skip_), false);
-    for (const std::string& name : skip_actions) {
-      for (const auto& [known, action] : kActionNames) {
-        if (name == known) skip_[action] = true;
-      }
-    }
+    max_entries_ = std::max<std::size_t>(1, max_entries);
+    std::copy(std::begin(skip), std::end(skip), std::begin(skip_));
+  } else {
+    recorder_ = nullptr;
+    when_ = RecordContext::NEVER;
+    // Frees are no longer reported, so the tables could not follow the blocks any more.
+    block_contexts_.clear();
+    segment_contexts_.clear();
   }
   for (Ring& ring : rings_) {
-    if (clear) ring = Ring{};
+    if (clear || !enabled) ring = Ring{};
     // Oldest first from index 0, trimmed to the new bound, so the ring can grow or wrap again.
     std::rotate(ring.entries.begin(), ring.entries.begin() + static_cast<std::ptrdiff_t>(ring.next), ring.entries.end());
     ring.next = 0;
@@ -84,30 +95,51 @@ void History::attach_tracker(Tracker tracker) {
 void History::stop() {
   std::lock_guard<std::mutex> lock(mutex_);
   enabled_ = false;
+  recorder_ = nullptr;
   trackers_.clear();
+  block_contexts_.clear();
+  segment_contexts_.clear();
   set_active_locked(false);
 }
 
-bool History::wants_context(Action action) const {
-  if (!recorder_) return false;
-  if (action == TraceEntry::ALLOC) return when_ == RecordContext::ALLOC || when_ == RecordContext::ALL;
-  if (action == TraceEntry::FREE_REQUESTED || action == TraceEntry::FREE_COMPLETED) return when_ == RecordContext::ALL;
-  return false;
-}
-
-void History::record(Action action, int device, std::uintptr_t addr, std::size_t size, StreamId stream, PoolId pool) {
+History::Context History::gather(RecordContext level) const {
   CreateContextFn recorder = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (enabled_ && wants_context(action)) recorder = recorder_;
+    if (keeps(level)) recorder = recorder_;
   }
-  // Gathering a stack can be slow (Python frames); it happens outside the lock.
-  std::shared_ptr<c10::GatheredContext> context = recorder ? recorder() : nullptr;
-  TraceEntry entry = torch_compat::make_trace_entry(action, static_cast<c10::DeviceIndex>(device), addr, size,
-                                                    reinterpret_cast<cudaStream_t>(stream), pool, std::move(context));
-  entry.time_.t_ = static_cast<time_t>(now_us());
+  return recorder ? recorder() : nullptr;
+}
 
+void History::push_compile_context(std::string name) {
   std::lock_guard<std::mutex> lock(mutex_);
+  compile_contexts_.push_back(std::move(name));
+}
+
+void History::pop_compile_context() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!compile_contexts_.empty()) compile_contexts_.pop_back();
+}
+
+void History::set_user_metadata(std::string metadata) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  user_metadata_ = std::move(metadata);
+}
+
+std::string History::user_metadata() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return user_metadata_;
+}
+
+void History::record(Action action, int device, std::uintptr_t addr, std::size_t size, StreamId stream, PoolId pool,
+                     Context context) {
+  const std::int64_t time = now_us();
+  std::lock_guard<std::mutex> lock(mutex_);
+  TraceEntry entry = torch_compat::make_trace_entry(action, static_cast<c10::DeviceIndex>(device), addr, size,
+                                                    reinterpret_cast<cudaStream_t>(stream), pool,
+                                                    keeps(RecordContext::ALLOC) ? std::move(context) : nullptr);
+  entry.time_.t_ = static_cast<time_t>(time);
+  torch_compat::tag_trace_entry(entry, compile_contexts_.empty() ? "N/A" : compile_contexts_.back(), user_metadata_);
   for (const Tracker& tracker : trackers_) tracker(entry);
   if (!enabled_ || skip_[action] || max_entries_ == 0 || device < 0 || device >= static_cast<int>(rings_.size())) return;
   Ring& ring = rings_[device];
@@ -117,6 +149,42 @@ void History::record(Action action, int device, std::uintptr_t addr, std::size_t
   }
   ring.entries[ring.next] = std::move(entry);
   ring.next = (ring.next + 1) % max_entries_;
+}
+
+void History::remember_block(int device, std::uintptr_t addr, Context context) {
+  if (!context) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (keeps(RecordContext::STATE)) block_contexts_[{device, addr}] = std::move(context);
+}
+
+History::Context History::forget_block(int device, std::uintptr_t addr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto node = block_contexts_.extract({device, addr});
+  return node ? std::move(node.mapped()) : nullptr;
+}
+
+History::Context History::block_context(int device, std::uintptr_t addr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = block_contexts_.find({device, addr});
+  return it == block_contexts_.end() ? nullptr : it->second;
+}
+
+void History::remember_segment(int device, std::uintptr_t addr, Context context) {
+  if (!context) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (keeps(RecordContext::STATE)) segment_contexts_[{device, addr}] = std::move(context);
+}
+
+History::Context History::forget_segment(int device, std::uintptr_t addr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto node = segment_contexts_.extract({device, addr});
+  return node ? std::move(node.mapped()) : nullptr;
+}
+
+History::Context History::segment_context(int device, std::uintptr_t addr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = segment_contexts_.find({device, addr});
+  return it == segment_contexts_.end() ? nullptr : it->second;
 }
 
 std::vector<std::vector<TraceEntry>> History::traces() const {

@@ -4,12 +4,23 @@
 // trackers torch attaches (attachAllocatorTraceTracker), which see every entry whether or not the
 // ring records. Nothing here runs on the allocation path unless active() says so: one relaxed
 // atomic load per allocate and free when history and trackers are off.
+//
+// Stacks, as native keeps them (torch's RecordContext levels, each including the one before):
+//   STATE  the stack that allocated each live block and each segment, shown by snapshots;
+//   ALLOC  also on the trace entries of allocations (and of frees, which carry the allocating
+//          stack when no freeing stack was taken);
+//   ALL    also the stack that freed, on free and segment-release entries.
+// The adapter gathers a stack with gather(level) before it takes any allocator lock (the
+// recorder takes the GIL), and hands it to record() and to the live tables below.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/backend.h"
@@ -24,6 +35,7 @@ class History {
   using CreateContextFn = c10::cuda::CUDACachingAllocator::CreateContextFn;
   using RecordContext = c10::cuda::CUDACachingAllocator::RecordContext;
   using Tracker = c10::cuda::CUDACachingAllocator::AllocatorTraceTracker;
+  using Context = std::shared_ptr<c10::GatheredContext>;
 
   explicit History(int devices);
   ~History();
@@ -36,7 +48,9 @@ class History {
   // no adapter at hand, checks this before looking for its adapter.
   static bool any_active() { return active_count_.load(std::memory_order_relaxed) > 0; }
 
-  // recordHistory's arguments. Disabling keeps the recorded entries; `clear` drops them.
+  // recordHistory's arguments. Disabling drops the recorded entries, as native does, and the stacks
+  // of live blocks and segments; `clear` drops the entries while recording goes on. An unknown
+  // name in skip_actions is an error that changes nothing.
   void configure(bool enabled, CreateContextFn recorder, std::size_t max_entries, RecordContext when, bool clear,
                  const std::vector<std::string>& skip_actions);
   bool enabled() const;
@@ -45,7 +59,26 @@ class History {
   // then is no event of the program's.
   void stop();
 
-  void record(Action action, int device, std::uintptr_t addr, std::size_t size, StreamId stream, PoolId pool);
+  // The calling thread's stack if recording keeps stacks at `level`, else nullptr. Runs the
+  // recorder: never call it under an allocator lock.
+  Context gather(RecordContext level) const;
+  // An entry; it carries `context` if recording keeps stacks on entries (ALLOC and above).
+  void record(Action action, int device, std::uintptr_t addr, std::size_t size, StreamId stream, PoolId pool,
+              Context context = nullptr);
+
+  // The stacks that allocated live blocks and segments, by device and address (STATE and above).
+  void remember_block(int device, std::uintptr_t addr, Context context);
+  Context forget_block(int device, std::uintptr_t addr);  // the block's stack, or nullptr
+  Context block_context(int device, std::uintptr_t addr) const;
+  void remember_segment(int device, std::uintptr_t addr, Context context);
+  Context forget_segment(int device, std::uintptr_t addr);
+  Context segment_context(int device, std::uintptr_t addr) const;
+
+  // Tags for the entries that follow: the innermost torch.compile region and the user's metadata.
+  void push_compile_context(std::string name);
+  void pop_compile_context();
+  void set_user_metadata(std::string metadata);
+  std::string user_metadata() const;
 
   // Entries per device, oldest first, times in microseconds since the epoch.
   std::vector<std::vector<torch_compat::TorchTraceEntry>> traces() const;
@@ -55,10 +88,11 @@ class History {
     std::vector<torch_compat::TorchTraceEntry> entries;
     std::size_t next = 0;  // where the next entry goes once the ring is full
   };
+  using Key = std::pair<int, std::uintptr_t>;
   static constexpr int kActions = static_cast<int>(Action::OOM) + 1;
 
   void set_active_locked(bool active);
-  bool wants_context(Action action) const;
+  bool keeps(RecordContext level) const { return enabled_ && recorder_ && when_ >= level; }
 
   mutable std::mutex mutex_;
   std::atomic<bool> active_{false};
@@ -69,6 +103,10 @@ class History {
   bool skip_[kActions] = {};
   std::vector<Ring> rings_;
   std::vector<Tracker> trackers_;
+  std::map<Key, Context> block_contexts_;
+  std::map<Key, Context> segment_contexts_;
+  std::string user_metadata_;
+  std::vector<std::string> compile_contexts_;  // innermost last
 
   static std::atomic<int> active_count_;
 };

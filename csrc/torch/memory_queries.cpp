@@ -52,6 +52,7 @@ void TorchAllocator::emptyCache(MempoolId /*mempool_id*/) {
 #else
 void TorchAllocator::emptyCache() {
 #endif
+  const auto request = request_scope(0, History::RecordContext::ALL);
   for (int d = 0; d < core_.device_count(); ++d) {
     if (gpumem::DeviceAllocator* device = core_.existing(d)) with_c10_errors([&] { device->empty_cache(); });
   }

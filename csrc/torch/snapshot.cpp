@@ -6,7 +6,7 @@ namespace gpumem {
 
 namespace {
 
-torch_compat::TorchSegmentInfo to_torch_segment(int device, const SegmentInfo& segment) {
+torch_compat::TorchSegmentInfo to_torch_segment(int device, const SegmentInfo& segment, const History& history) {
   torch_compat::TorchSegmentInfo out;
   out.device = static_cast<c10::DeviceIndex>(device);
   out.address = segment.addr;
@@ -15,6 +15,7 @@ torch_compat::TorchSegmentInfo to_torch_segment(int device, const SegmentInfo& s
   out.is_large = !segment.small;
   out.is_expandable = segment.growable;  // the core lists each mapped stretch as a segment of its own
   out.owner_private_pool_id = torch_compat::to_torch(segment.pool);
+  out.context_when_allocated = history.segment_context(device, segment.addr);
   for (const BlockInfo& block : segment.blocks) {
     torch_compat::TorchBlockInfo info;
     info.size = block.size;
@@ -24,6 +25,7 @@ torch_compat::TorchSegmentInfo to_torch_segment(int device, const SegmentInfo& s
     info.allocated = block.state == BlockInfo::kAllocated;
     info.active = block.state != BlockInfo::kFree;
     if (info.allocated) {
+      info.context_when_allocated = history.block_context(device, block.addr);
       out.allocated_size += block.size;
       out.requested_size += block.requested;
     }
@@ -43,7 +45,7 @@ TorchAllocator::SnapshotInfo TorchAllocator::snapshot_of(MempoolId mempool_id, b
     const gpumem::DeviceAllocator* device = core_.existing(d);
     if (!device) continue;
     for (const SegmentInfo& segment : device->snapshot()) {
-      if (only.is_default() || segment.pool == only) info.segments.push_back(to_torch_segment(d, segment));
+      if (only.is_default() || segment.pool == only) info.segments.push_back(to_torch_segment(d, segment, history_));
     }
   }
   info.device_traces = include_traces ? history_.traces()
@@ -62,8 +64,7 @@ TorchAllocator::SnapshotInfo TorchAllocator::snapshot(MempoolId mempool_id) { re
 TorchAllocator::SnapshotInfo TorchAllocator::snapshot() { return snapshot_of({0, 0}, true); }
 #endif
 
-// Stack contexts are gathered for trace entries (when is ALLOC or ALL) but not kept per live
-// block: the snapshot's blocks carry no context_when_allocated.
+// Stacks as native keeps them: see history.h.
 void TorchAllocator::recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn context_recorder,
                                    size_t alloc_trace_max_entries, c10::cuda::CUDACachingAllocator::RecordContext when
                                    GPUMEM_CLEAR_HISTORY_PARAM GPUMEM_SKIP_ACTIONS_PARAM) {
@@ -72,5 +73,15 @@ void TorchAllocator::recordHistory(bool enabled, c10::cuda::CUDACachingAllocator
 }
 
 bool TorchAllocator::isHistoryEnabled() { return history_.enabled(); }
+
+#if GPUMEM_TORCH_HAS_COMPILE_CONTEXT
+void TorchAllocator::pushCompileContext(std::string& md) { history_.push_compile_context(md); }
+void TorchAllocator::popCompileContext() { history_.pop_compile_context(); }
+#endif
+
+#if GPUMEM_TORCH_HAS_USER_METADATA
+void TorchAllocator::setUserMetadata(const std::string& metadata) { history_.set_user_metadata(metadata); }
+std::string TorchAllocator::getUserMetadata() { return history_.user_metadata(); }
+#endif
 
 }  // namespace gpumem

@@ -3,22 +3,43 @@
 namespace gpumem {
 
 namespace {
-thread_local StreamId request_stream = 0;
+
+struct RequestState {
+  StreamId stream = 0;
+  History::Context context;
+};
+thread_local RequestState request;
+
 }  // namespace
 
-void TracingBackend::set_request_stream(StreamId stream) { request_stream = stream; }
+TracingBackend::Request::Request(StreamId stream, History::Context context) {
+  request.stream = stream;
+  request.context = std::move(context);
+}
 
+TracingBackend::Request::~Request() {
+  request.stream = 0;
+  request.context = nullptr;
+}
+
+// Segments remember the stack of the request that made them; a release carries the request's
+// stack (empty_cache's, when recording keeps freeing stacks) or else the one that made it.
 void* TracingBackend::reserve(int device, std::size_t bytes) {
   void* ptr = inner_.reserve(device, bytes);
   if (ptr && history_.active()) {
-    history_.record(History::Action::SEGMENT_ALLOC, device, reinterpret_cast<std::uintptr_t>(ptr), bytes, request_stream, {});
+    const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+    history_.record(History::Action::SEGMENT_ALLOC, device, addr, bytes, request.stream, {}, request.context);
+    history_.remember_segment(device, addr, request.context);
   }
   return ptr;
 }
 
 void TracingBackend::release(int device, void* ptr, std::size_t bytes) {
   if (history_.active()) {
-    history_.record(History::Action::SEGMENT_FREE, device, reinterpret_cast<std::uintptr_t>(ptr), bytes, 0, {});
+    const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+    History::Context made = history_.forget_segment(device, addr);
+    history_.record(History::Action::SEGMENT_FREE, device, addr, bytes, request.stream, {},
+                    request.context ? request.context : made);
   }
   inner_.release(device, ptr, bytes);
 }
@@ -27,14 +48,18 @@ bool TracingBackend::map(int device, void* ptr, std::size_t bytes) {
   const bool mapped = inner_.map(device, ptr, bytes);
   if (mapped && history_.active()) {
     const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-    history_.record(History::Action::SEGMENT_MAP, device, addr, bytes, request_stream, {});
+    history_.record(History::Action::SEGMENT_MAP, device, addr, bytes, request.stream, {}, request.context);
+    history_.remember_segment(device, addr, request.context);
   }
   return mapped;
 }
 
 void TracingBackend::unmap(int device, void* ptr, std::size_t bytes) {
   if (history_.active()) {
-    history_.record(History::Action::SEGMENT_UNMAP, device, reinterpret_cast<std::uintptr_t>(ptr), bytes, 0, {});
+    const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+    History::Context made = history_.forget_segment(device, addr);
+    history_.record(History::Action::SEGMENT_UNMAP, device, addr, bytes, request.stream, {},
+                    request.context ? request.context : made);
   }
   inner_.unmap(device, ptr, bytes);
 }

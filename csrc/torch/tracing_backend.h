@@ -15,9 +15,16 @@ class TracingBackend final : public Backend {
  public:
   TracingBackend(Backend& inner, History& history) : inner_(inner), history_(history) {}
 
-  // The stream of the request the calling thread is serving, for the segment_alloc entry; set by
-  // the adapter only while history is active.
-  static void set_request_stream(StreamId stream);
+  // The request the calling thread is serving, for the segment entries it causes: its stream and
+  // the stack gathered for it (segments remember the stack that made them). The adapter opens one
+  // around each call into the core while history is active; closing it drops the stack.
+  class Request {
+   public:
+    Request(StreamId stream, History::Context context);
+    ~Request();
+    Request(const Request&) = delete;
+    Request& operator=(const Request&) = delete;
+  };
 
   int device_count() const override { return inner_.device_count(); }
   void* reserve(int device, std::size_t bytes) override;

@@ -157,16 +157,32 @@ TEST_CASE("history skips the actions it is told to skip", "[torch][history]") {
   REQUIRE(actions(sim.adapter) == std::vector<Action>{Action::FREE_REQUESTED, Action::FREE_COMPLETED});
 }
 
-TEST_CASE("turning history off keeps what it recorded and clearing drops it", "[torch][history]") {
+TEST_CASE("turning history off drops what it recorded, as native does", "[torch][history]") {
   SimAdapter sim;
   record_history(sim.adapter, 100);
   { c10::DataPtr a = sim.adapter.allocate(1000); }
+  REQUIRE(actions(sim.adapter).size() == 4);
   sim.adapter.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {});
   REQUIRE_FALSE(sim.adapter.isHistoryEnabled());
   { c10::DataPtr b = sim.adapter.allocate(1000); }
-  REQUIRE(actions(sim.adapter).size() == 4);
-  sim.adapter.recordHistory(false, nullptr, 0, RecordContext::NEVER, true, {});
   REQUIRE(actions(sim.adapter).empty());
+}
+
+TEST_CASE("clearing history drops the entries while recording goes on", "[torch][history]") {
+  SimAdapter sim;
+  record_history(sim.adapter, 100);
+  { c10::DataPtr a = sim.adapter.allocate(1000); }
+  sim.adapter.recordHistory(true, nullptr, 100, RecordContext::STATE, true, {});
+  REQUIRE(actions(sim.adapter).empty());
+  { c10::DataPtr b = sim.adapter.allocate(1000); }  // from the cache: no segment_alloc
+  REQUIRE(actions(sim.adapter) == std::vector<Action>{Action::ALLOC, Action::FREE_REQUESTED, Action::FREE_COMPLETED});
+}
+
+TEST_CASE("an unknown action in skip_actions is an error that changes nothing", "[torch][history]") {
+  SimAdapter sim;
+  REQUIRE_THROWS_WITH(record_history(sim.adapter, 100, {"alloc", "allocate"}),
+                      Catch::Contains("'allocate'") && Catch::Contains("segment_unmap"));
+  REQUIRE_FALSE(sim.adapter.isHistoryEnabled());
 }
 
 TEST_CASE("an attached trace tracker sees allocations without history on", "[torch][history]") {
