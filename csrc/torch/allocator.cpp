@@ -104,7 +104,17 @@ c10::DataPtr TorchAllocator::allocate(size_t size) {
     return {ptr, reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(ptr) | kUncachedTag), &delete_block, where};
   }
   Block* block = malloc_block(device, size, context_->current_stream(device));
+  if (C10_UNLIKELY(c10::memoryProfilingEnabled())) report_to_profiler(device, block->ptr(), block->size);
   return {block->ptr(), C10_UNLIKELY(in_private_pool(block)) ? address_context(block) : block, &delete_block, where};
+}
+
+// torch.profiler(profile_memory=True) hears of each block handed out and freed, with the device's
+// allocated and reserved totals after it, as native tells it.
+void TorchAllocator::report_to_profiler(int device, void* ptr, std::int64_t delta) {
+  const DeviceStats stats = core_.device(device).stats();
+  c10::reportMemoryUsageToProfiler(ptr, delta, static_cast<size_t>(stats.allocated_bytes[kAll].current),
+                                   static_cast<size_t>(stats.reserved_bytes[kAll].current),
+                                   c10::Device(c10::DeviceType::CUDA, static_cast<DeviceIndex>(device)));
 }
 
 Block* TorchAllocator::malloc_block(int device, size_t size, StreamId stream) {
@@ -148,7 +158,7 @@ void TorchAllocator::delete_block(void* ctx) {
       return;
     }
     auto* block = static_cast<Block*>(ctx);
-    if (C10_UNLIKELY(History::any_active())) {
+    if (C10_UNLIKELY(History::any_active() || c10::memoryProfilingEnabled())) {
       owner_of(block).free_recorded(block);
       return;
     }
@@ -191,13 +201,20 @@ void TorchAllocator::free_uncached_address(void* ptr) {
 }
 
 void TorchAllocator::free_recorded(Block* block) {
-  if (!history_.active()) {
-    CachingAllocator::free(block);
-    return;
-  }
   const int device = block->segment->owner->device();
+  void* const ptr = block->ptr();
+  const auto size = static_cast<std::int64_t>(block->size);
+  std::optional<TracingBackend::Request> request;
+  if (history_.active()) request.emplace(block->stream, record_free(device, block));
+  CachingAllocator::free(block);
+  request.reset();
+  if (C10_UNLIKELY(c10::memoryProfilingEnabled())) report_to_profiler(device, ptr, -size);
+}
+
+// The free entries of `block`, with the freeing stack where recording keeps it (ALL), else the
+// allocating one, as native; returns the freeing stack for the segment entries the free causes.
+History::Context TorchAllocator::record_free(int device, const Block* block) {
   const PoolId pool = block->segment->pool->id;
-  // The freeing stack where recording keeps it (ALL), else the allocating one, as native.
   History::Context freeing = history_.gather(History::RecordContext::ALL);
   History::Context allocating = history_.forget_block(device, block->addr);
   const History::Context& context = freeing ? freeing : allocating;
@@ -206,12 +223,13 @@ void TorchAllocator::free_recorded(Block* block) {
   if (block->stream_uses.empty()) {
     record(History::Action::FREE_COMPLETED, device, block->ptr(), block->requested, block->stream, pool, context);
   }
-  TracingBackend::Request request(block->stream, std::move(freeing));
-  CachingAllocator::free(block);
+  return freeing;
 }
 
 void TorchAllocator::report_oom(const OutOfMemoryError& error, StreamId stream, const History::Context& context) {
   const OomInfo& info = error.info();
+  c10::reportOutOfMemoryToProfiler(static_cast<std::int64_t>(info.requested), info.allocated, info.reserved,
+                                   c10::Device(c10::DeviceType::CUDA, static_cast<DeviceIndex>(info.device)));
   if (history_.active()) {
     record(History::Action::OOM, info.device, reinterpret_cast<void*>(info.device_free), info.requested, stream, {},
            context);

@@ -204,7 +204,9 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
       rethrow_as_c10_error();
     }
   }
-  void free_recorded(Block* block);  // the core's free, told to the history first
+  void free_recorded(Block* block);  // the core's free, told to the history and the profiler
+  History::Context record_free(int device, const Block* block);
+  void report_to_profiler(int device, void* ptr, std::int64_t delta);
   [[noreturn]] void report_oom(const OutOfMemoryError& error, StreamId stream, const History::Context& context);
   gpumem::DeviceAllocator& device(DeviceIndex device);
   void record(History::Action action, int device, const void* ptr, size_t size, StreamId stream, PoolId pool,
