@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 namespace gpumem {
 
@@ -45,14 +46,30 @@ const char* advice(OomKind kind) {
   return "";
 }
 
+// Sizes as PyTorch's out-of-memory message writes them: bytes up to 1 KiB, then KiB, MiB and GiB
+// with two decimals, each bound inclusive (1 MiB is "1024.00 KiB"), never TiB.
+std::string native_size(std::size_t bytes) {
+  constexpr std::size_t KiB = 1024, MiB = KiB * 1024, GiB = MiB * 1024;
+  if (bytes <= KiB) return std::to_string(bytes) + " bytes";
+  const auto [scale, unit] = bytes <= MiB ? std::pair{KiB, "KiB"} : bytes <= GiB ? std::pair{MiB, "MiB"} : std::pair{GiB, "GiB"};
+  char text[48];
+  std::snprintf(text, sizeof text, "%.2f %s", static_cast<double>(bytes) / static_cast<double>(scale), unit);
+  return text;
+}
+
+// Begins word for word as PyTorch's own message, which tools match ("CUDA out of memory. Tried to
+// allocate"; HF accelerate's batch-size finder), then says which of gpumem's cases it is.
 std::string oom_message(const OomInfo& i) {
-  return "CUDA out of memory (gpumem: " + std::string(oom_kind_name(i.kind)) + "). Tried to allocate " +
-         format_bytes(i.requested) + ". GPU " + std::to_string(i.device) + " has a total capacity of " +
-         format_bytes(i.device_total) + " of which " + format_bytes(i.device_free) + " is free. The gpumem limit is " +
-         format_bytes(i.limit) + ". Of the allocated memory " + format_bytes(i.allocated) +
-         " is allocated by PyTorch, and " + format_bytes(i.reserved - std::min(i.reserved, i.allocated)) +
-         " is reserved by PyTorch but unallocated; the largest free cached block is " +
-         format_bytes(i.largest_free_block) + ". " + advice(i.kind);
+  constexpr std::size_t kOneExbibyte = std::size_t{1} << 60;
+  const std::string tried = i.requested >= kOneExbibyte ? "more than 1EB memory" : native_size(i.requested);
+  const std::string allowed = i.limit < i.device_total ? native_size(i.limit) + " allowed; " : "";
+  return "CUDA out of memory. Tried to allocate " + tried + ". GPU " + std::to_string(i.device) +
+         " has a total capacity of " + native_size(i.device_total) + " of which " + native_size(i.device_free) +
+         " is free. " + allowed + "Of the allocated memory " + native_size(i.allocated) +
+         " is allocated by PyTorch, and " + native_size(i.reserved - std::min(i.reserved, i.allocated)) +
+         " is reserved by PyTorch but unallocated. gpumem: " + oom_kind_name(i.kind) + ", under a limit of " +
+         native_size(i.limit) + "; the largest free cached block is " + native_size(i.largest_free_block) + ". " +
+         advice(i.kind);
 }
 
 }  // namespace

@@ -173,11 +173,36 @@ TEST_CASE("the over-the-limit message names the case, the numbers and the settin
   Sim sim(40 * MiB);
   sim.malloc(30 * MiB);
   const Oom oom = oom_from([&] { sim.malloc(12 * MiB); });
-  REQUIRE_THAT(oom.message, Catch::Contains("over the limit"));
-  REQUIRE_THAT(oom.message, Catch::Contains("Tried to allocate 12.00 MiB"));
-  REQUIRE_THAT(oom.message, Catch::Contains("limit is 40.00 MiB"));
-  REQUIRE_THAT(oom.message, Catch::Contains("30.00 MiB is allocated"));
+  REQUIRE_THAT(oom.message, Catch::StartsWith("CUDA out of memory. Tried to allocate 12.00 MiB. GPU 0 has a total "
+                                              "capacity of 8.00 GiB of which 7.97 GiB is free. 40.00 MiB allowed; "
+                                              "Of the allocated memory 30.00 MiB is allocated by PyTorch, and 0 bytes "
+                                              "is reserved by PyTorch but unallocated. gpumem: over the limit"));
+  REQUIRE_THAT(oom.message, Catch::Contains("under a limit of 40.00 MiB"));
   REQUIRE_THAT(oom.message, Catch::Contains("set_limit"));
+}
+
+TEST_CASE("out-of-memory sizes are written as PyTorch writes them", "[oom]") {
+  const auto tried = [](std::size_t requested) {
+    OomInfo info;
+    info.requested = requested;
+    const std::string message = OutOfMemoryError(info).what();
+    const auto from = message.find("allocate ") + 9;
+    return message.substr(from, message.find(". GPU") - from);
+  };
+  REQUIRE(tried(1000) == "1000 bytes");
+  REQUIRE(tried(1024) == "1024 bytes");
+  REQUIRE(tried(1025) == "1.00 KiB");
+  REQUIRE(tried(MiB) == "1024.00 KiB");
+  REQUIRE(tried(20 * MiB) == "20.00 MiB");
+  REQUIRE(tried(GiB) == "1024.00 MiB");
+  REQUIRE(tried(800000000 * GiB) == "800000000.00 GiB");
+  REQUIRE(tried(std::size_t{1} << 60) == "more than 1EB memory");
+}
+
+TEST_CASE("without a limit below the device's total the message names no allowed share", "[oom]") {
+  OomInfo info;
+  info.limit = info.device_total = 8 * GiB;
+  REQUIRE_THAT(std::string(OutOfMemoryError(info).what()), !Catch::Contains("allowed;"));
 }
 
 TEST_CASE("an OOM over the limit releases nothing cached", "[oom][cap]") {

@@ -131,7 +131,7 @@ def test_replay_that_fails_names_the_request_and_exits_1():
     result = value_of(completed.stdout, "result")
     assert result.startswith(f"FAILED: event {expected.event_index} (time_us {expected.time_us})")
     assert f"({expected.size} bytes): {expected.kind}" in result
-    assert "CUDA out of memory (gpumem: " in completed.stdout
+    assert "CUDA out of memory. Tried to allocate" in completed.stdout
 
 
 def test_replay_min_limit_prints_the_limit_in_bytes():

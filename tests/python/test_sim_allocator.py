@@ -70,9 +70,8 @@ def test_a_request_over_the_limit_raises_naming_the_case_and_the_numbers(sim):
     with pytest.raises(MemoryError) as caught:
         sim.malloc(0, 300 * MiB)
     message = str(caught.value)
-    assert "gpumem: over the limit" in message
-    assert "Tried to allocate 300.00 MiB" in message
-    assert "The gpumem limit is 256.00 MiB" in message
+    assert message.startswith("CUDA out of memory. Tried to allocate 300.00 MiB. GPU 0 has a total capacity of")
+    assert "gpumem: over the limit, under a limit of 256.00 MiB" in message
     assert "gpumem.set_limit()" in message
 
 
