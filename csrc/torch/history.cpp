@@ -26,6 +26,13 @@ constexpr std::pair<std::string_view, TraceEntry::Action> kActionNames[] = {
     {"oom", TraceEntry::OOM},
 };
 
+void warn_quietly(const char* what, const char* why) noexcept {
+  try {
+    TORCH_WARN("gpumem: ", what, ": ", why);
+  } catch (...) {
+  }
+}
+
 std::int64_t now_us() {
   using namespace std::chrono;
   return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count();
@@ -108,7 +115,16 @@ History::Context History::gather(RecordContext level) const {
     std::lock_guard<std::mutex> lock(mutex_);
     if (keeps(level)) recorder = recorder_;
   }
-  return recorder ? recorder() : nullptr;
+  if (!recorder) return nullptr;
+  // A recorder that fails costs the entry its stack, never the allocation or the free around it.
+  try {
+    return recorder();
+  } catch (const std::exception& e) {
+    warn_quietly("a stack could not be recorded for the memory history", e.what());
+  } catch (...) {
+    warn_quietly("a stack could not be recorded for the memory history", "unknown error");
+  }
+  return nullptr;
 }
 
 void History::push_compile_context(std::string name) {
@@ -140,7 +156,17 @@ void History::record(Action action, int device, std::uintptr_t addr, std::size_t
                                                     keeps(RecordContext::ALLOC) ? std::move(context) : nullptr);
   entry.time_.t_ = static_cast<time_t>(time);
   torch_compat::tag_trace_entry(entry, compile_contexts_.empty() ? "N/A" : compile_contexts_.back(), user_metadata_);
-  for (const Tracker& tracker : trackers_) tracker(entry);
+  // The entry describes memory that has already changed hands (a segment reserved from the
+  // device, a block freed): a tracker that throws must not undo that halfway.
+  for (const Tracker& tracker : trackers_) {
+    try {
+      tracker(entry);
+    } catch (const std::exception& e) {
+      warn_quietly("an allocator trace tracker failed", e.what());
+    } catch (...) {
+      warn_quietly("an allocator trace tracker failed", "unknown error");
+    }
+  }
   if (!enabled_ || skip_[action] || max_entries_ == 0 || device < 0 || device >= static_cast<int>(rings_.size())) return;
   Ring& ring = rings_[device];
   if (ring.entries.size() < max_entries_) {

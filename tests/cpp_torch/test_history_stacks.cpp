@@ -155,3 +155,40 @@ TEST_CASE("entries are tagged with the compile region and the user's metadata", 
   REQUIRE(entry(sim.adapter, Action::ALLOC, 1).compile_context_ == "N/A");
   REQUIRE(entry(sim.adapter, Action::ALLOC, 1).user_metadata_.empty());
 }
+
+namespace {
+
+std::shared_ptr<c10::GatheredContext> failing_recorder() { throw std::runtime_error("no frames"); }
+
+struct CollectWarnings : c10::WarningHandler {
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  std::vector<std::string> messages;
+};
+
+}  // namespace
+
+TEST_CASE("a recorder that throws costs the stack, not the allocation or the free", "[torch][history]") {
+  SimAdapter sim;
+  CollectWarnings warnings;
+  c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+  sim.adapter.recordHistory(true, &failing_recorder, 100, RecordContext::ALL, true, {});
+  c10::DataPtr a = sim.adapter.allocate(1000);
+  a.clear();
+  REQUIRE(sim.core_device().stats().allocated_bytes[kAll].current == 0);
+  REQUIRE(warnings.messages.size() == 2);
+  REQUIRE_THAT(warnings.messages[0], Catch::Contains("no frames"));
+}
+
+TEST_CASE("a trace tracker that throws leaves the allocator consistent", "[torch][history]") {
+  SimAdapter sim;
+  CollectWarnings warnings;
+  c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+  sim.adapter.attachAllocatorTraceTracker([](const auto&) { throw std::runtime_error("tracker broke"); });
+  c10::DataPtr a = sim.adapter.allocate(3 * MiB);  // a new segment: the tracker hears of it first
+  REQUIRE(sim.backend.ledger(0).in_use == sim.reserved());
+  a.clear();
+  sim.adapter.emptyCache({0, 0});
+  REQUIRE(sim.backend.ledger(0).in_use == 0);
+  REQUIRE_FALSE(warnings.messages.empty());
+  sim.core_device().check_invariants();
+}
