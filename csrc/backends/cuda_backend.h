@@ -36,6 +36,11 @@ class CudaBackend : public Backend {
   void unmap(int device, void* ptr, std::size_t bytes) override;
   void grant_peer(int device, int peer) override;
 
+  // Stream capture (backends/cuda_capture.cpp): a marker is an empty node added to the capture
+  // graph after the stream's work so far, which the stream's later work then depends on.
+  CaptureMarker capture_marker(int device, StreamId stream) override;
+  bool capture_follows(int device, StreamId stream, CaptureMarker marker) override;
+
  private:
   // What virtual memory keeps per device. grant_peer must reach the pages mapped before it, so the
   // backend knows what is mapped: one range per map() call, cut where unmap() takes part of one.

@@ -320,6 +320,37 @@ void SimBackend::synchronize_stream(int device, StreamId stream) {
   }
 }
 
+// ---- Stream capture ---------------------------------------------------------------------------
+
+CaptureMarker SimBackend::capture_marker(int device, StreamId stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (refuse_markers_) return 0;
+  StreamClocks& s = device_locked(device).streams;
+  const CaptureMarker marker = next_marker_++;
+  s.markers[marker] = {stream, ++s.marks[stream]};
+  return marker;
+}
+
+bool SimBackend::capture_follows(int device, StreamId stream, CaptureMarker marker) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  StreamClocks& s = device_locked(device).streams;
+  const auto [marked, mark] = s.markers.at(marker);
+  return marked == stream || s.clock[stream][marked] >= mark;
+}
+
+void SimBackend::wait_stream(int device, StreamId waiter, StreamId waited) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  StreamClocks& s = device_locked(device).streams;
+  auto& mine = s.clock[waiter];
+  mine[waited] = std::max(mine[waited], s.marks[waited]);
+  for (const auto& [other, mark] : s.clock[waited]) mine[other] = std::max(mine[other], mark);
+}
+
+void SimBackend::refuse_capture_markers(bool refuse) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  refuse_markers_ = refuse;
+}
+
 void SimBackend::fail_next(int count) {
   std::lock_guard<std::mutex> lock(mutex_);
   fail_next_ = count;

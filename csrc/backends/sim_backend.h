@@ -52,6 +52,16 @@ class SimBackend : public Backend {
   void unmap(int device, void* ptr, std::size_t bytes) override;
   void grant_peer(int device, int peer) override;
 
+  // Stream capture as the core sees it: a marker stands for the work a stream queued so far, and a
+  // stream follows it once it has waited for that stream since (wait_stream, as cudaStreamWaitEvent
+  // joins streams in a capture), directly or through other streams. A stream follows its own work.
+  CaptureMarker capture_marker(int device, StreamId stream) override;
+  bool capture_follows(int device, StreamId stream, CaptureMarker marker) override;
+  // `waiter`'s later work runs after everything `waited` queued so far.
+  void wait_stream(int device, StreamId waiter, StreamId waited);
+  // Turns markers off (capture_marker returns 0), as a backend that cannot read the graph.
+  void refuse_capture_markers(bool refuse);
+
   // Turns virtual memory on for every device with mapping granularity `page` (a power of two of at
   // least 512 bytes, else std::invalid_argument). An allocator reads the page size when it is
   // built, so call this first. Changing the page while address ranges are live is a logic_error.
@@ -112,7 +122,14 @@ class SimBackend : public Backend {
     std::size_t bytes = 0;
     std::vector<bool> pages;
   };
+  // Which work each stream follows: clock[s][t] is the newest mark of t that s's work follows.
+  struct StreamClocks {
+    std::map<StreamId, std::uint64_t> marks;                           // marks made on each stream
+    std::map<StreamId, std::map<StreamId, std::uint64_t>> clock;
+    std::map<CaptureMarker, std::pair<StreamId, std::uint64_t>> markers;  // marker -> (stream, mark)
+  };
   struct Device {
+    StreamClocks streams;
     AddressSpace segments;                                 // plain segments' addresses
     std::unordered_map<std::uintptr_t, std::size_t> live;  // address -> size
     AddressSpace addresses;                                // reserved ranges' addresses
@@ -148,6 +165,8 @@ class SimBackend : public Backend {
   int auto_complete_after_ = 0;
   std::size_t page_ = 0;  // 0: no virtual memory
   bool refuse_addresses_ = false;
+  bool refuse_markers_ = false;
+  CaptureMarker next_marker_ = 1;
 };
 
 }  // namespace gpumem

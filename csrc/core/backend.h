@@ -15,6 +15,9 @@ using StreamId = std::uintptr_t;
 // An event recorded on a stream; completes once the work queued before it has run.
 using EventId = void*;
 
+// A point in the work a stream queues while a CUDA graph captures it; 0 is no marker.
+using CaptureMarker = std::uintptr_t;
+
 struct MemInfo {
   std::size_t free = 0;
   std::size_t total = 0;
@@ -63,6 +66,17 @@ class Backend {
   virtual void unmap(int /*device*/, void* /*ptr*/, std::size_t /*bytes*/) {}
   // From now on `peer` may access every page mapped on `device`, those mapped already included.
   virtual void grant_peer(int /*device*/, int /*peer*/) {}
+
+  // ---- Stream capture, for reusing a block freed during a capture (core/capture_reuse.cpp) ----
+  // Events cannot be queried while a graph captures, so a block freed then while other streams
+  // used it waits for the capture to end, unless the backend can tell from the graph itself.
+  // A backend that cannot keeps these defaults.
+
+  // Marks the work queued so far on `stream`, which is being captured; 0 if it cannot.
+  virtual CaptureMarker capture_marker(int /*device*/, StreamId /*stream*/) { return 0; }
+  // Whether everything `stream` queues from now on runs after the work `marker` marked (the
+  // capture has joined that work into `stream`).
+  virtual bool capture_follows(int /*device*/, StreamId /*stream*/, CaptureMarker /*marker*/) { return false; }
 };
 
 }  // namespace gpumem

@@ -11,8 +11,12 @@
 
 namespace {
 
+using gpumem::CaptureMarker;
 using gpumem::MemInfo;
 using gpumem::SimBackend;
+using gpumem::StreamId;
+
+constexpr StreamId kStream0 = 0, kStream1 = 1, kStream2 = 2;
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
 constexpr std::size_t GiB = std::size_t{1} << 30;
@@ -331,4 +335,36 @@ TEST_CASE("a granted peer cannot access pages that are not mapped", "[sim]") {
   REQUIRE_FALSE(sim.backend.peer_can_access(0, 1, at(range, kPage)));
   sim.backend.unmap(0, range, kPage);
   REQUIRE_FALSE(sim.backend.peer_can_access(0, 1, at(range)));
+}
+
+TEST_CASE("a stream follows a capture marker once it has waited for the marked stream", "[sim][capture]") {
+  SimBackend sim(1 * GiB);
+  const CaptureMarker marker = sim.capture_marker(0, kStream1);
+  REQUIRE(marker != 0);
+  REQUIRE(sim.capture_follows(0, kStream1, marker));  // a stream follows its own work
+  REQUIRE_FALSE(sim.capture_follows(0, kStream0, marker));
+  sim.wait_stream(0, kStream0, kStream1);
+  REQUIRE(sim.capture_follows(0, kStream0, marker));
+}
+
+TEST_CASE("waiting for a stream before the mark does not follow it", "[sim][capture]") {
+  SimBackend sim(1 * GiB);
+  sim.wait_stream(0, kStream0, kStream1);
+  const CaptureMarker marker = sim.capture_marker(0, kStream1);
+  REQUIRE_FALSE(sim.capture_follows(0, kStream0, marker));
+}
+
+TEST_CASE("following a marker passes through streams that joined it", "[sim][capture]") {
+  SimBackend sim(1 * GiB);
+  const CaptureMarker marker = sim.capture_marker(0, kStream2);
+  sim.wait_stream(0, kStream1, kStream2);
+  REQUIRE_FALSE(sim.capture_follows(0, kStream0, marker));
+  sim.wait_stream(0, kStream0, kStream1);
+  REQUIRE(sim.capture_follows(0, kStream0, marker));
+}
+
+TEST_CASE("a backend that cannot read the capture makes no markers", "[sim][capture]") {
+  SimBackend sim(1 * GiB);
+  sim.refuse_capture_markers(true);
+  REQUIRE(sim.capture_marker(0, kStream1) == 0);
 }
