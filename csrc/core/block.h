@@ -166,6 +166,10 @@ struct PoolId {
 
 struct Pool {
   PoolId id;
+  // Options (MemPool's), beside the id: place() reads no_split when it splits, and the adapter
+  // reads the id on every allocation, so both sit on a cache line already loaded.
+  bool no_split = false;    // blocks are never split: each of its segments is one block
+  bool use_on_oom = false;  // while held, its cached free blocks may serve default-pool requests on OOM
   FreeBlocks small_blocks;
   FreeBlocks large_blocks;
   FreeBlocks unmapped_small;   // unmapped blocks of growable segments, by the segment's size class
@@ -176,8 +180,6 @@ struct Pool {
   // when the pool is created and never changed; the pool outlives its segments, so the source
   // stays alive while any segment of it does.
   std::shared_ptr<SegmentSource> source;
-  bool no_split = false;    // blocks are never split: each of its segments is one block
-  bool use_on_oom = false;  // while held, its cached free blocks may serve default-pool requests on OOM
 
   FreeBlocks& blocks_for(bool small) { return small ? small_blocks : large_blocks; }
   FreeBlocks& unmapped_for(bool small) { return small ? unmapped_small : unmapped_large; }

@@ -121,6 +121,8 @@ class FakePoolAllocator final : public c10::cuda::CUDACachingAllocator::CUDAAllo
   void recordHistory(bool, c10::cuda::CUDACachingAllocator::CreateContextFn, size_t,
                      c10::cuda::CUDACachingAllocator::RecordContext GPUMEM_CLEAR_HISTORY_PARAM
                          GPUMEM_SKIP_ACTIONS_PARAM) override {
+    (void)GPUMEM_CLEAR_HISTORY_ARG;
+    (void)GPUMEM_SKIP_ACTIONS_ARG;
     unused();
   }
   void attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver) override { unused(); }
