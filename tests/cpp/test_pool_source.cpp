@@ -1,9 +1,14 @@
 // A private pool with a segment source of its own (torch.cuda.MemPool(allocator)): its segments
 // come from that source and go back to it, each exactly once, and count against the cap like any
 // other. The FakeSource's ledger is the witness; the SimBackend's shows the device is not asked.
+#include <algorithm>
+#include <cmath>
 #include <memory>
+#include <random>
 #include <stdexcept>
+#include <vector>
 
+#include "env_settings.h"
 #include "fake_source.h"
 #include "helpers.h"
 
@@ -268,4 +273,110 @@ TEST_CASE("increfing a source pool without a source keeps its source", "[pools][
   sim.alloc.create_pool(kPool);
   REQUIRE(sim.alloc.pool_use_count(kPool) == 2);
   REQUIRE(sim.from_source(sim.in_pool(4096)));
+}
+
+// ---- random operations ----
+
+namespace {
+
+// Bytes of the snapshot's segments in `pool`.
+std::size_t pool_bytes(const std::vector<SegmentInfo>& snapshot, PoolId pool) {
+  std::size_t bytes = 0;
+  for (const SegmentInfo& s : snapshot) {
+    if (s.pool == pool) bytes += s.size;
+  }
+  return bytes;
+}
+
+// Seeded random mallocs and frees in the default pool and a use_on_oom source pool (no_split or
+// not) under a 64 MiB cap, with a source smaller than that which sometimes throws, empty_cache of
+// either id, the pool's holder and its target coming and going (an unheld pool may be erased and
+// made again with the same source). After every operation: the invariants, and the cap held to
+// the byte against the two ledgers the allocator does not keep.
+void run_random(std::uint64_t seed, bool no_split, std::uint64_t ops) {
+  constexpr std::size_t kLimit = 64 * MiB;
+  std::mt19937_64 rng(seed);
+  Sim sim(kLimit);
+  auto source = std::make_shared<FakeSource>(48 * MiB);
+  const auto hold = [&] {
+    try {
+      sim.alloc.create_pool(kPool, source);
+    } catch (const std::invalid_argument&) {
+      sim.alloc.create_pool(kPool);  // still there, with its source
+    }
+    sim.alloc.set_use_on_oom(kPool, true);
+    if (no_split) sim.alloc.set_no_split(kPool);
+  };
+  hold();
+  bool held = true, routed = false;
+  std::vector<Block*> live;
+  int thrown = 0, borrowed = 0;  // the source threw; a default-pool request got a block of the pool
+  const auto log_uniform = [&](double lo, double hi) {
+    return static_cast<std::size_t>(std::exp(std::uniform_real_distribution<double>(std::log(lo), std::log(hi))(rng)));
+  };
+  for (std::uint64_t i = 0; i < ops; ++i) {
+    INFO("seed " << seed << ", operation " << i);
+    const auto r = rng() % 100;
+    if (r < 45 && live.size() < 48) {
+      source->throw_next = rng() % 8 == 0 ? 1 : 0;
+      const StreamId stream = rng() % 2 ? kStream1 : kStream2;
+      try {
+        live.push_back(sim.alloc.malloc(log_uniform(512, 16.0 * MiB), stream));
+        const bool to_pool = routed && stream == kStream1;
+        if (!to_pool && live.back()->segment->pool->id == kPool) {
+          REQUIRE(held);  // a released pool lends nothing
+          ++borrowed;
+        }
+      } catch (const OutOfMemoryError&) {
+      } catch (const SourceError&) {
+        ++thrown;
+      }
+      source->throw_next = 0;
+    } else if (r < 90 && !live.empty()) {
+      const std::size_t k = rng() % live.size();
+      sim.alloc.free(live[k]);
+      live[k] = live.back();
+      live.pop_back();
+    } else if (r < 94) {
+      sim.alloc.empty_cache(rng() % 2 ? kPool : PoolId{});
+    } else if (r < 97) {
+      if (held) {
+        sim.alloc.release_pool(kPool);
+      } else {
+        hold();
+      }
+      held = !held;
+    } else if (routed) {
+      sim.alloc.end_allocate_to_pool(kPool);
+      routed = false;
+    } else if (held) {
+      sim.alloc.begin_allocate_to_pool(kPool, only(kStream1));
+      routed = true;
+    }
+    sim.alloc.check_invariants();
+    REQUIRE(sim.alloc.reserved() == sim.ledger().in_use + source->in_use);
+    REQUIRE(sim.alloc.reserved() <= kLimit);
+    REQUIRE(source->in_use == pool_bytes(sim.snapshot(), kPool));
+  }
+  for (Block* b : live) sim.alloc.free(b);
+  if (routed) sim.alloc.end_allocate_to_pool(kPool);
+  if (held) sim.alloc.release_pool(kPool);
+  sim.alloc.empty_cache();
+  REQUIRE(source->in_use == 0);
+  REQUIRE(sim.ledger().in_use == 0);
+  REQUIRE(source->reserves == source->releases);
+  // The run met what it is for.
+  REQUIRE(thrown > 0);
+  REQUIRE(source->refusals > 0);
+  REQUIRE(borrowed > 0);
+}
+
+}  // namespace
+
+TEST_CASE("random requests across a source pool and the default pool hold the cap to the byte",
+          "[pools][source][property]") {
+  const std::uint64_t ops = std::max<std::uint64_t>(env_number("GPUMEM_PROPERTY_OPS", 1000000) / 50, 1000);
+  const std::uint64_t seed = env_number("GPUMEM_PROPERTY_SEED", 20250);
+  run_random(seed, false, ops);
+  run_random(seed + 1, true, ops);
 }
