@@ -13,6 +13,8 @@
 //   - a block is in its pool's free set iff it is free (not allocated, no pending stream events),
 //     exactly once, in the set of its size class (small or large)
 //   - the statistics equal a recomputation from the segments
+//   - a segment's source is its pool's (the backend's for growable segments); a pool with a
+//     source of its own has only plain segments
 #pragma once
 
 #include <cstddef>
@@ -26,6 +28,7 @@
 namespace gpumem {
 
 class DeviceAllocator;
+class SegmentSource;
 struct Segment;
 struct Pool;
 
@@ -163,12 +166,20 @@ struct PoolId {
 
 struct Pool {
   PoolId id;
+  // Options (MemPool's), beside the id: place() reads no_split when it splits, and the adapter
+  // reads the id on every allocation, so both sit on a cache line already loaded.
+  bool no_split = false;    // blocks are never split: each of its segments is one block
+  bool use_on_oom = false;  // while held, its cached free blocks may serve default-pool requests on OOM
   FreeBlocks small_blocks;
   FreeBlocks large_blocks;
   FreeBlocks unmapped_small;   // unmapped blocks of growable segments, by the segment's size class
   FreeBlocks unmapped_large;
   int use_count = 0;   // private pools: holders (graphs, MemPools); 0 means its cache may go
   int segments = 0;
+  // Where its segments come from when not the device's backend (see core/segment_source.h). Set
+  // when the pool is created and never changed; the pool outlives its segments, so the source
+  // stays alive while any segment of it does.
+  std::shared_ptr<SegmentSource> source;
 
   FreeBlocks& blocks_for(bool small) { return small ? small_blocks : large_blocks; }
   FreeBlocks& unmapped_for(bool small) { return small ? unmapped_small : unmapped_large; }
@@ -185,6 +196,7 @@ struct Segment {
   bool growable = false;         // an address range mapped page by page (see core/growable.cpp)
   std::size_t mapped = 0;        // bytes backed by memory: `size` for a plain segment
   std::uint64_t serial = 0;      // creation order: lower is older
+  SegmentSource* source = nullptr;  // where it goes back: its pool's source
   Block* head = nullptr;
   DeviceAllocator* owner = nullptr;
 

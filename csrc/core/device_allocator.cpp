@@ -39,7 +39,7 @@ void for_each_stretch(const Segment& segment, F f) {
 }  // namespace
 
 DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorConfig& config)
-    : backend_(backend), device_(device), cap_(0), release_threshold_(0.0) {
+    : backend_(backend), device_(device), backend_source_(backend, device), cap_(0), release_threshold_(0.0) {
   device_total_ = backend_.mem_info(device).total;
   check_release_threshold(config.release_threshold);
   if (config.limit && *config.limit > device_total_) {
@@ -74,7 +74,7 @@ DeviceAllocator::~DeviceAllocator() {
   }
   for (auto& [addr, segment] : segments_) {
     if (!segment->growable) {
-      quietly([&] { backend_.release(device_, segment->head->ptr(), segment->size); });
+      quietly([&] { segment->source->release(segment->head->ptr(), segment->size); });
       continue;
     }
     for_each_stretch(*segment, [&](const Block* first, const Block*, std::uintptr_t stop) {
@@ -85,7 +85,6 @@ DeviceAllocator::~DeviceAllocator() {
 }
 
 // ---- malloc: the fallback chain ----
-
 
 Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -102,6 +101,7 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream) {
   if (block) return place(block, size, requested);
   if (!fits_under(allocated_locked(), size, cap_.limit())) throw_oom(requested, size);
   block = try_new_memory(pool, small, stream, size);
+  if (!block && &pool == &default_pool_) block = try_use_on_oom_pools(small, stream, size);
   bool retried = false;
   if (!block && release_for(pool, size)) {
     retried = true;
@@ -148,11 +148,13 @@ Block* DeviceAllocator::try_new_segment(Pool& pool, bool small, StreamId stream,
   return tight == normal ? nullptr : reserve_segment(pool, small, stream, tight);
 }
 
+// The cap first, then the pool's source (the backend, or a MemPool's allocator); the cap is given
+// back if the source refuses or throws.
 Block* DeviceAllocator::reserve_segment(Pool& pool, bool small, StreamId stream, std::size_t bytes) {
   if (!cap_.try_reserve(bytes)) return nullptr;
   void* ptr = nullptr;
   try {
-    ptr = backend_.reserve(device_, bytes);
+    ptr = source_of(pool).reserve(bytes);
   } catch (...) {
     cap_.unreserve(bytes);
     throw;
@@ -185,6 +187,7 @@ Segment* DeviceAllocator::add_segment(Pool& pool, bool small, StreamId stream, s
   segment->pool = &pool;
   segment->small = small;
   segment->serial = next_serial_++;
+  segment->source = &source_of(pool);
   segment->owner = this;
   Block* head = arena_.make();
   head->addr = addr;
@@ -196,10 +199,12 @@ Segment* DeviceAllocator::add_segment(Pool& pool, bool small, StreamId stream, s
   return segments_.emplace(addr, std::move(segment)).first->second.get();
 }
 
-// Hands out the front of `block`, returning the rest to the pool when it is worth keeping.
+// Hands out the front of `block`, returning the rest to the pool when it is worth keeping and the
+// pool splits blocks. The pool's no_split is read only when a split is due, so the common path of
+// an exact or near fit reads nothing more than before.
 Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t requested) {
   const bool small = block->segment->small;
-  if (should_split(block->size, size)) {
+  if (should_split(block->size, size) && !block->segment->pool->no_split) {
     Block* rest = split_block(block, size, arena_);
     block->segment->pool->blocks_for(small).insert(rest);
     increase_stat(stats_.inactive_split, small, 1);
@@ -349,10 +354,11 @@ std::vector<Segment*> DeviceAllocator::unused_segments() const {
   return unused;
 }
 
+// The source first: if it throws, the segment is still cached and everything is as before.
 void DeviceAllocator::release_segment(Segment* segment) {
   Block* head = segment->head;
+  segment->source->release(head->ptr(), segment->size);
   segment->pool->blocks_for(segment->small).erase(head);
-  backend_.release(device_, head->ptr(), segment->size);
   cap_.unreserve(segment->size);
   decrease_stat(stats_.segment, segment->small, 1);
   decrease_stat(stats_.reserved_bytes, segment->small, static_cast<std::int64_t>(segment->size));
@@ -411,23 +417,18 @@ void DeviceAllocator::apply_release_threshold() {
   if (cap_.reserved() > target) release_oldest_until(target);
 }
 
-bool DeviceAllocator::is_target(const Pool* pool) const {
-  return std::any_of(pool_targets_.begin(), pool_targets_.end(), [pool](const PoolTarget& t) { return t.pool == pool; });
-}
-
-// Drops private pools nobody holds, has memory in, or allocates to.
-void DeviceAllocator::release_free_pools() {
-  for (auto it = private_pools_.begin(); it != private_pools_.end();) {
-    const Pool* pool = it->second.get();
-    const bool dead = pool->use_count == 0 && pool->segments == 0 && !is_target(pool);
-    it = dead ? private_pools_.erase(it) : std::next(it);
-  }
-}
-
-void DeviceAllocator::empty_cache() {
+void DeviceAllocator::empty_cache(PoolId id) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (pool_targets_.empty()) synchronize_and_process_events();
-  release_all_unused();
+  if (!id.is_default()) {
+    empty_pool_cache(id);
+  } else if (pool_targets_.empty()) {
+    synchronize_and_process_events();
+    release_all_unused();
+  } else {
+    // A graph may be capturing: the default pool keeps its memory (freeing it would break the
+    // capture), as native does; pools nobody holds are not being captured into.
+    if (release_unheld_pools_cache()) ++stats_.num_cache_releases;
+  }
   release_free_pools();
   debug_check();
 }
@@ -552,63 +553,7 @@ std::optional<std::pair<std::uintptr_t, std::size_t>> DeviceAllocator::segment_o
   return stretch;
 }
 
-// ---- private pools ----
-
-void DeviceAllocator::create_pool(PoolId id) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto& pool = private_pools_[id];
-  if (!pool) {
-    pool = std::make_unique<Pool>();
-    pool->id = id;
-  }
-  ++pool->use_count;
-}
-
-void DeviceAllocator::begin_allocate_to_pool(PoolId id, StreamFilter filter) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = private_pools_.find(id);
-  if (it == private_pools_.end()) {
-    throw std::logic_error("gpumem: allocation to pool (" + std::to_string(id.first) + ", " + std::to_string(id.second) +
-                           ") begun before the pool was created");
-  }
-  pool_targets_.push_back({it->second.get(), std::move(filter)});
-}
-
-void DeviceAllocator::end_allocate_to_pool(PoolId id) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (auto it = pool_targets_.rbegin(); it != pool_targets_.rend(); ++it) {
-    if (it->pool->id == id) {
-      pool_targets_.erase(std::next(it).base());
-      break;
-    }
-  }
-  release_free_pools();
-  if (!pool_targets_.empty()) return;
-  for (Block* block : deferred_) {
-    block->pending_events = 0;
-    insert_events(block);
-  }
-  deferred_.clear();
-}
-
-void DeviceAllocator::release_pool(PoolId id) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = private_pools_.find(id);
-  if (it == private_pools_.end() || it->second->use_count == 0) return;
-  if (--it->second->use_count > 0) return;
-  std::vector<Segment*> unused = unused_segments();
-  for (Segment* s : unused) {
-    if (s->pool == it->second.get()) release_segment(s);
-  }
-  release_free_pools();
-  debug_check();
-}
-
-int DeviceAllocator::pool_use_count(PoolId id) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = private_pools_.find(id);
-  return it == private_pools_.end() ? 0 : it->second->use_count;
-}
+// ---- invariants ----
 
 void DeviceAllocator::check_invariants() const {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -6,6 +6,8 @@
 //   3. release cached free segments chosen by the release policy until the segment fits, retry
 //   4. synchronize the device, release every cached free segment, retry
 //   5. OutOfMemoryError saying which case it is: over the limit, device full, or fragmentation
+// A default-pool request that step 2 could not serve first tries the cached free blocks of held
+// use_on_oom pools (core/private_pools.cpp), before anything is released.
 //
 // All state is guarded by one mutex per device; every public method takes it once, and private
 // methods (suffix _locked where it matters) never take it.
@@ -29,6 +31,7 @@
 #include "core/block_pool.h"
 #include "core/cap.h"
 #include "core/errors.h"
+#include "core/segment_source.h"
 #include "core/stats.h"
 
 namespace gpumem {
@@ -88,8 +91,11 @@ class DeviceAllocator {
   bool free_uncached(void* ptr);
   std::size_t uncached_bytes() const;
 
-  // Returns every cached free segment to the device.
-  void empty_cache();
+  // Returns cached free segments to where they came from, as PyTorch's emptyCache(pool) does.
+  // The default id: those of the default pool (unless a pool target is active: a graph may be
+  // capturing) and of every private pool nobody holds. A private pool's id: that pool's, and only
+  // if nobody holds it. A held pool's cache is never released.
+  void empty_cache(PoolId pool = {});
 
   // The limit in bytes; nullopt lifts it (the device's total applies). Lowering releases cached
   // segments down to the new limit where it can; live blocks are never touched.
@@ -120,13 +126,20 @@ class DeviceAllocator {
   // The segment start and size holding `ptr`, if any.
   std::optional<std::pair<std::uintptr_t, std::size_t>> segment_of(const void* ptr) const;
 
-  // Private pools (CUDA graphs, MemPools). While a pool is the allocation target for streams the
-  // filter accepts, requests on those streams come from that pool and nothing waits on events.
-  void create_pool(PoolId id);            // or add a holder to an existing pool
+  // Private pools (CUDA graphs, MemPools; core/private_pools.cpp). While a pool is the allocation
+  // target for streams the filter accepts, requests on those streams come from that pool and
+  // nothing waits on events.
+  // Creates the pool with one holder, its segments from `source` (nullptr: the backend), or adds a
+  // holder to an existing pool; giving a source for an existing pool throws std::invalid_argument.
+  void create_pool(PoolId id, std::shared_ptr<SegmentSource> source = nullptr);
   void begin_allocate_to_pool(PoolId id, StreamFilter filter);
   void end_allocate_to_pool(PoolId id);
-  void release_pool(PoolId id);           // drop a holder; an unheld pool's cache is released
+  // Drops a holder. An unheld pool's cache may go: at empty_cache, or when memory is needed.
+  void release_pool(PoolId id);
   int pool_use_count(PoolId id) const;
+  // Pool options (MemPool's no_split and use_on_oom); an unknown pool throws std::invalid_argument.
+  void set_no_split(PoolId id);
+  void set_use_on_oom(PoolId id, bool on);
 
   // Throws std::logic_error describing the first broken invariant (see block.h).
   void check_invariants() const;
@@ -148,6 +161,8 @@ class DeviceAllocator {
   Block* try_new_segment(Pool& pool, bool small, StreamId stream, std::size_t size);
   Block* reserve_segment(Pool& pool, bool small, StreamId stream, std::size_t bytes);
   Block* try_new_memory(Pool& pool, bool small, StreamId stream, std::size_t size);
+  Block* try_use_on_oom_pools(bool small, StreamId stream, std::size_t size);
+  SegmentSource& source_of(const Pool& pool) { return pool.source ? *pool.source : backend_source_; }
   Segment* add_segment(Pool& pool, bool small, StreamId stream, std::uintptr_t addr, std::size_t size);
   Block* place(Block* block, std::size_t size, std::size_t requested);
   [[noreturn]] void throw_oom(std::size_t requested, std::size_t size);
@@ -188,6 +203,10 @@ class DeviceAllocator {
   void set_limit_locked(std::size_t limit);
   void apply_release_threshold();
   bool is_target(const Pool* pool) const;
+  Pool& existing_pool(PoolId id) const;
+  bool release_pool_cache(const Pool& pool);
+  bool release_unheld_pools_cache();
+  void empty_pool_cache(PoolId id);
   void release_free_pools();
   std::size_t largest_free_block_locked() const;
   void check_invariants_locked() const;
@@ -195,6 +214,7 @@ class DeviceAllocator {
 
   Backend& backend_;
   const int device_;
+  BackendSource backend_source_;                // the default pool's source, and of pools without one
   Cap cap_;
   double release_threshold_;
   mutable std::mutex mutex_;

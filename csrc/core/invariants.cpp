@@ -1,4 +1,5 @@
-// The invariant checker: walks every segment and recomputes the statistics (see block.h).
+// The invariant checker: walks every segment and recomputes the statistics (see block.h). The cap
+// is checked against them: reserved = segments' mapped bytes (whatever their source) + uncached bytes.
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -13,6 +14,7 @@ struct Recount {
   DeviceStats stats;
   std::map<const Pool*, std::size_t> free_blocks;      // cached blocks per pool, both size classes
   std::map<const Pool*, std::size_t> unmapped_blocks;  // per pool, both size classes
+  std::map<const Pool*, int> segments;                 // per pool
 };
 
 [[noreturn]] void broken(int device, const std::string& what, std::uintptr_t addr) {
@@ -61,8 +63,17 @@ void check_block(int device, const Segment& s, const Block* b) {
   }
 }
 
+// A segment goes back where it came from: its pool's own source, else the backend's.
+void check_source(int device, const Segment& s, const SegmentSource* backend_source) {
+  const SegmentSource* expected = s.pool->source ? s.pool->source.get() : backend_source;
+  if (s.source != expected) broken(device, "segment's source is not its pool's", s.addr);
+  if (s.growable && s.pool->source) broken(device, "growable segment in a pool with a source of its own", s.addr);
+  if (s.pool->no_split && s.head->next) broken(device, "segment of a no_split pool holds more than one block", s.addr);
+}
+
 void check_segment(int device, const Segment& s, std::size_t page, Recount& r) {
   if (!s.head || s.head->prev || s.head->addr != s.addr) broken(device, "segment head is not its first block", s.addr);
+  ++r.segments[s.pool];
   if (s.growable && (page == 0 || s.addr % page != 0 || s.size % page != 0)) {
     broken(device, "growable segment is not whole pages", s.addr);
   }
@@ -106,6 +117,7 @@ void DeviceAllocator::check_invariants_locked() const {
   for (const auto& [addr, segment] : segments_) {
     if (addr != segment->addr) broken(device_, "segment filed under the wrong address", addr);
     check_segment(device_, *segment, page_size_, r);
+    check_source(device_, *segment, &backend_source_);
   }
   const auto check_pool = [&](const Pool& pool) {
     for (const FreeBlocks* set : {&pool.small_blocks, &pool.large_blocks, &pool.unmapped_small, &pool.unmapped_large}) {
@@ -116,6 +128,7 @@ void DeviceAllocator::check_invariants_locked() const {
     if (pool.unmapped_small.size() + pool.unmapped_large.size() != r.unmapped_blocks[&pool]) {
       broken(device_, "an unmapped set holds blocks that are not unmapped blocks of its segments", 0);
     }
+    if (pool.segments != r.segments[&pool]) broken(device_, "a pool's segment count differs from its segments", 0);
   };
   check_pool(default_pool_);
   for (const auto& [id, pool] : private_pools_) check_pool(*pool);

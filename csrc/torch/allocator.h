@@ -24,8 +24,9 @@
 //    goes back to it when freed, outside the statistics, and the cap still counts it
 //    (core/uncached.cpp). DataPtrs made before keep returning to the cache.
 //  - One file per concern: allocator.cpp (allocate, free, raw, streams, OOM, lifecycle),
-//    memory_queries.cpp (stats, fraction, free memory, cache), pools.cpp, checkpoint.cpp,
-//    snapshot.cpp (snapshot, history), cuda_ops.cpp (IPC, peer access, copies).
+//    memory_queries.cpp (stats, fraction, free memory, cache), pools.cpp and pool_source.cpp (a
+//    MemPool's own allocator), checkpoint.cpp, snapshot.cpp (snapshot, history), cuda_ops.cpp
+//    (IPC, peer access, copies).
 #pragma once
 
 #include <atomic>

@@ -5,6 +5,7 @@
 // a machine with neither: they pass a context that returns fixed values.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "core/backend.h"
@@ -16,6 +17,10 @@ class CudaContext {
   virtual ~CudaContext() = default;
   virtual int current_device() = 0;
   virtual StreamId current_stream(int device) = 0;
+  // Runs f() with `device` current and stream capture relaxed on this thread (CUDA refuses
+  // allocations on a capturing thread otherwise), as native does around a MemPool allocator's
+  // calls; both are restored afterwards, also when f throws.
+  virtual void on_device(int device, const std::function<void()>& f) = 0;
 };
 
 // torch's view: c10::cuda::current_device() and getCurrentCUDAStream(device).

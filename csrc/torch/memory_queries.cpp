@@ -43,18 +43,20 @@ void TorchAllocator::setMemoryFraction(double fraction, DeviceIndex device) {
   with_c10_errors([&] { d.set_limit(std::optional<std::size_t>(limit)); });
 }
 
-// Every device's cached free segments go back to CUDA. A non-default pool id (MemPool's
-// destructor passes its own) releases the same: gpumem frees a private pool's cache when the
-// pool's last holder releases it (releasePool), and keeps the cache of a pool still held, which
-// its CUDA graphs may replay into.
+// As native's emptyCache(pool), on every device: the default id releases the default pool's cached
+// free segments and those of every private pool nobody holds; a private pool's id (MemPool's
+// destructor passes its own) releases that pool's only, and only if nobody holds it. A held pool's
+// cache stays: its CUDA graphs may replay into it. See DeviceAllocator::empty_cache.
 #if GPUMEM_TORCH_HAS_EMPTY_CACHE_POOL
-void TorchAllocator::emptyCache(MempoolId /*mempool_id*/) {
+void TorchAllocator::emptyCache(MempoolId mempool_id) {
+  const PoolId pool = torch_compat::to_gpumem(mempool_id);
 #else
 void TorchAllocator::emptyCache() {
+  const PoolId pool{};
 #endif
   const auto request = request_scope(0, History::RecordContext::ALL);
   for (int d = 0; d < core_.device_count(); ++d) {
-    if (gpumem::DeviceAllocator* device = core_.existing(d)) with_c10_errors([&] { device->empty_cache(); });
+    if (gpumem::DeviceAllocator* device = core_.existing(d)) with_c10_errors([&] { device->empty_cache(pool); });
   }
 }
 

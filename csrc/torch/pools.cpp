@@ -2,11 +2,18 @@
 //
 // Holders, as native counts them: createOrIncrefPool (MemPool's constructor) and every
 // beginAllocateToPool add one; releasePool drops one (a graph's reset, MemPool's destructor, the
-// end of use_mem_pool after endAllocateToPool). A pool nobody holds gives its cache back.
+// end of use_mem_pool after endAllocateToPool). A pool nobody holds is freeable: its cache goes at
+// emptyCache (MemPool's destructor calls emptyCache(its id) after releasePool) or when memory is
+// needed (see core/private_pools.cpp).
+//
+// A MemPool may bring its own allocator: its pool's segments then come from that allocator
+// (pool_source.h), under gpumem's cap like any other.
+#include <memory>
 #include <type_traits>
 
 #include "torch/allocator.h"
 #include "torch/error_bridge.h"
+#include "torch/pool_source.h"
 
 namespace gpumem {
 
@@ -60,36 +67,37 @@ void TorchAllocator::ensureExistsAndIncrefPool(DeviceIndex device, MempoolId mem
 #endif
 
 #if GPUMEM_TORCH_HAS_CREATE_OR_INCREF_POOL
+// gpumem itself passed as the allocator is the same as none: the pool's segments come from gpumem's
+// backend. An allocator for a pool that exists already is refused by the core (native asserts).
 void TorchAllocator::createOrIncrefPool(DeviceIndex device, MempoolId mempool_id, GPUMEM_POOL_ALLOCATOR_TYPE allocator) {
-  const void* other = address_of(allocator);
-  TORCH_CHECK(other == nullptr || other == this,
-              "gpumem: a torch.cuda.MemPool with its own allocator is not supported while gpumem is installed; "
-              "create the MemPool without an allocator argument (it then uses gpumem, under its limit)");
   gpumem::DeviceAllocator& d = this->device(device);
-  with_c10_errors([&] { d.create_pool(torch_compat::to_gpumem(mempool_id)); });
+  const void* other = address_of(allocator);
+  std::shared_ptr<SegmentSource> source;
+  if (other != nullptr && other != this) source = std::make_shared<TorchPoolSource>(std::move(allocator), device, *context_);
+  with_c10_errors([&] { d.create_pool(torch_compat::to_gpumem(mempool_id), std::move(source)); });
 }
 #endif
 
-// use_on_oom asks the allocator to serve a request from this pool when the default pool is out of
-// memory. gpumem's fallback chain never borrows from a private pool, so the flag is accepted and
-// has no effect; a warning says so, since code counting on it sees an OOM that native would avoid.
+// use_on_oom: while the pool is held, its cached free blocks may serve a default-pool request that
+// could not get new memory (core/private_pools.cpp). 2.11 passes the flag (MemPool's destructor
+// may clear it); earlier releases only set it.
 #if GPUMEM_TORCH_HAS_SET_USE_ON_OOM_FLAG
-void TorchAllocator::setUseOnOOM(DeviceIndex /*device*/, MempoolId /*mempool_id*/, bool use_on_oom) {
-  if (use_on_oom) {
-    TORCH_WARN_ONCE("gpumem: MemPool(use_on_oom=True) has no effect under gpumem");
-  }
+void TorchAllocator::setUseOnOOM(DeviceIndex device, MempoolId mempool_id, bool use_on_oom) {
+  gpumem::DeviceAllocator& d = this->device(device);
+  with_c10_errors([&] { d.set_use_on_oom(torch_compat::to_gpumem(mempool_id), use_on_oom); });
 }
 #elif GPUMEM_TORCH_HAS_SET_USE_ON_OOM
-void TorchAllocator::setUseOnOOM(DeviceIndex /*device*/, MempoolId /*mempool_id*/) {
-  TORCH_WARN_ONCE("gpumem: MemPool(use_on_oom=True) has no effect under gpumem");
+void TorchAllocator::setUseOnOOM(DeviceIndex device, MempoolId mempool_id) {
+  gpumem::DeviceAllocator& d = this->device(device);
+  with_c10_errors([&] { d.set_use_on_oom(torch_compat::to_gpumem(mempool_id), true); });
 }
 #endif
 
-// no_split keeps a pool's blocks whole. gpumem splits blocks the same way in every pool; what fits
-// under the limit is unchanged, only the layout differs, so the request is accepted with a warning.
+// no_split: the pool's blocks are handed out whole, one block per segment.
 #if GPUMEM_TORCH_HAS_SET_NO_SPLIT
-void TorchAllocator::setNoSplit(DeviceIndex /*device*/, MempoolId /*mempool_id*/) {
-  TORCH_WARN_ONCE("gpumem: MemPool(no_split=True) has no effect under gpumem: its blocks may be split");
+void TorchAllocator::setNoSplit(DeviceIndex device, MempoolId mempool_id) {
+  gpumem::DeviceAllocator& d = this->device(device);
+  with_c10_errors([&] { d.set_no_split(torch_compat::to_gpumem(mempool_id)); });
 }
 #endif
 

@@ -19,6 +19,17 @@ struct FakeCudaContext final : CudaContext {
   StreamId stream = 0;
   int current_device() override { return device; }
   StreamId current_stream(int) override { return stream; }
+  void on_device(int on, const std::function<void()>& f) override {
+    const int before = device;
+    device = on;
+    try {
+      f();
+    } catch (...) {
+      device = before;
+      throw;
+    }
+    device = before;
+  }
 };
 
 // A fresh adapter per test: `capacity` bytes on each of `devices` simulated devices, which map pages

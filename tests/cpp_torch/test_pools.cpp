@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "adapter_fixture.h"
+#include "fake_pool_allocator.h"
 
 using namespace gpumem;
 using namespace gpumem::testing;
@@ -63,13 +64,6 @@ TEST_CASE("createOrIncrefPool adds a holder and each releasePool drops one", "[t
   REQUIRE(sim.adapter.getPoolUseCount(0, kPool) == 1);
 }
 
-TEST_CASE("a MemPool with an allocator of its own is refused", "[torch][pools]") {
-  SimAdapter sim;
-  SimAdapter other;
-  std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> foreign(&other.adapter, [](auto*) {});
-  REQUIRE_THROWS_WITH(sim.adapter.createOrIncrefPool(0, kPool, foreign), Catch::Contains("its own allocator"));
-}
-
 TEST_CASE("a released pool's cache goes back to the device", "[torch][pools]") {
   SimAdapter sim;
   sim.adapter.beginAllocateToPool(0, kPool, capture_stream_only());
@@ -77,7 +71,9 @@ TEST_CASE("a released pool's cache goes back to the device", "[torch][pools]") {
   { c10::DataPtr captured = sim.adapter.allocate(30 * MiB); }
   sim.adapter.endAllocateToPool(0, kPool);
   REQUIRE(sim.reserved() == 30 * MiB);
-  sim.adapter.releasePool(0, kPool);
+  sim.adapter.releasePool(0, kPool);  // as native: the pool is freeable now, its cache still there
+  REQUIRE(sim.reserved() == 30 * MiB);
+  sim.adapter.emptyCache(kPool);
   REQUIRE(sim.reserved() == 0);
 }
 
@@ -129,10 +125,223 @@ TEST_CASE("raw_delete frees a pool block whose DataPtr let go of it", "[torch][p
   REQUIRE(sim.core_device().stats().allocated_bytes[kAll].current == 0);
 }
 
-TEST_CASE("use_on_oom and no_split are accepted", "[torch][pools]") {
+TEST_CASE("MemPool's destructor (releasePool, then emptyCache of its id) empties its pool only", "[torch][pools]") {
+  SimAdapter sim;
+  { c10::DataPtr plain = sim.adapter.allocate(30 * MiB); }
+  sim.adapter.createOrIncrefPool(0, kPool, nullptr);
+  sim.adapter.beginAllocateToPool(0, kPool, capture_stream_only());
+  sim.context.stream = kCaptureStream;
+  { c10::DataPtr pooled = sim.adapter.allocate(12 * MiB); }
+  sim.adapter.endAllocateToPool(0, kPool);
+  sim.adapter.releasePool(0, kPool);  // use_mem_pool's end
+  REQUIRE(sim.reserved() == 42 * MiB);
+  sim.adapter.releasePool(0, kPool);
+  sim.adapter.emptyCache(kPool);
+  REQUIRE(sim.reserved() == 30 * MiB);
+  REQUIRE(sim.adapter.getPoolUseCount(0, kPool) == 0);
+}
+
+// ---- a MemPool with its own allocator ----
+
+namespace {
+
+using TorchAllocatorPtr = std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator>;
+
+// kPool created with a FakePoolAllocator and the target for kCaptureStream, which is current.
+struct PoolWithAllocator {
+  explicit PoolWithAllocator(SimAdapter& sim, int device = 0)
+      : sim(sim), device(device), fake(std::make_shared<FakePoolAllocator>(sim.context)) {
+    sim.context.device = device;
+    sim.adapter.createOrIncrefPool(device, kPool, fake);
+    sim.adapter.beginAllocateToPool(device, kPool, capture_stream_only());
+    sim.context.stream = kCaptureStream;
+  }
+  // What MemPool's destructor does, after use_mem_pool ended.
+  void destroy() {
+    sim.adapter.endAllocateToPool(device, kPool);
+    sim.adapter.releasePool(device, kPool);
+    sim.adapter.releasePool(device, kPool);
+    sim.adapter.emptyCache(kPool);
+  }
+  SimAdapter& sim;
+  int device;
+  std::shared_ptr<FakePoolAllocator> fake;
+};
+
+}  // namespace
+
+TEST_CASE("a MemPool's own allocator serves its pool's segments", "[torch][pools][allocator]") {
+  SimAdapter sim;
+  PoolWithAllocator pool(sim);
+  c10::DataPtr a = sim.adapter.allocate(1 * MiB);
+  c10::DataPtr b = sim.adapter.allocate(1 * MiB);
+  REQUIRE(pool.fake->owns(a.get()));
+  REQUIRE(pool.fake->owns(b.get()));
+  REQUIRE(pool.fake->raw_alloc_calls == 1);  // one 2 MiB segment holds both
+  REQUIRE(pool.fake->in_use == 2 * MiB);
+  REQUIRE(sim.backend.ledger(0).reserves == 0);
+  REQUIRE(sim.reserved() == 2 * MiB);
+  REQUIRE(pool_of(sim, a) == PoolId{1, 0});
+}
+
+TEST_CASE("requests outside a MemPool with its own allocator come from the device", "[torch][pools][allocator]") {
+  SimAdapter sim;
+  PoolWithAllocator pool(sim);
+  sim.context.stream = 0;
+  c10::DataPtr outside = sim.adapter.allocate(1 * MiB);
+  REQUIRE_FALSE(pool.fake->owns(outside.get()));
+  REQUIRE(pool.fake->raw_alloc_calls == 0);
+  REQUIRE(sim.backend.ledger(0).reserves == 1);
+}
+
+TEST_CASE("a MemPool's segments go back through its allocator's raw_delete, never to the device",
+          "[torch][pools][allocator]") {
+  SimAdapter sim;
+  PoolWithAllocator pool(sim);
+  { c10::DataPtr a = sim.adapter.allocate(30 * MiB); }
+  REQUIRE(pool.fake->raw_delete_calls == 0);  // freed into the pool's cache
+  pool.destroy();
+  REQUIRE(pool.fake->raw_delete_calls == 1);
+  REQUIRE(pool.fake->in_use == 0);
+  REQUIRE(sim.backend.ledger(0).releases == 0);
+  REQUIRE(sim.reserved() == 0);
+}
+
+TEST_CASE("a MemPool's allocator is called with the pool's device current", "[torch][pools][allocator]") {
+  SimAdapter sim;
+  PoolWithAllocator pool(sim, 1);
+  { c10::DataPtr a = sim.adapter.allocate(30 * MiB); }
+  sim.adapter.endAllocateToPool(1, kPool);
+  sim.adapter.releasePool(1, kPool);
+  sim.adapter.releasePool(1, kPool);
+  sim.context.device = 0;
+  sim.adapter.emptyCache(kPool);
+  REQUIRE(pool.fake->alloc_devices == std::vector<int>{1});
+  REQUIRE(pool.fake->delete_devices == std::vector<int>{1});
+  REQUIRE(sim.context.device == 0);  // restored
+}
+
+TEST_CASE("a MemPool's allocator's memory counts under gpumem's cap", "[torch][pools][allocator][cap]") {
+  SimAdapter sim;
+  sim.core_device().set_limit(std::optional<std::size_t>(40 * MiB));
+  PoolWithAllocator pool(sim);
+  c10::DataPtr pooled = sim.adapter.allocate(30 * MiB);
+  sim.context.stream = 0;
+  REQUIRE_THROWS_AS(sim.adapter.allocate(12 * MiB), c10::OutOfMemoryError);
+  REQUIRE(sim.reserved() == 30 * MiB);
+  REQUIRE(pool.fake->in_use == 30 * MiB);
+  REQUIRE(sim.backend.ledger(0).peak == 0);
+}
+
+TEST_CASE("nullptr from a MemPool's allocator is an OutOfMemoryError, the cap given back", "[torch][pools][allocator][cap]") {
+  SimAdapter sim;
+  PoolWithAllocator pool(sim);
+  pool.fake->capacity = 8 * MiB;
+  REQUIRE_THROWS_AS(sim.adapter.allocate(12 * MiB), c10::OutOfMemoryError);
+  REQUIRE(sim.reserved() == 0);
+  REQUIRE(sim.backend.ledger(0).reserves == 0);
+  sim.core_device().check_invariants();
+}
+
+TEST_CASE("torch's OutOfMemoryError from a MemPool's allocator counts as a refusal", "[torch][pools][allocator]") {
+  SimAdapter sim;
+  PoolWithAllocator pool(sim);
+  pool.fake->oom_next = 1;
+  c10::DataPtr a = sim.adapter.allocate(3 * MiB);  // the 20 MiB segment refused, then a 4 MiB one
+  REQUIRE(pool.fake->raw_alloc_calls == 2);
+  REQUIRE(sim.reserved() == 4 * MiB);
+}
+
+TEST_CASE("a MemPool's allocator that throws passes its error on, the cap rolled back", "[torch][pools][allocator][cap]") {
+  SimAdapter sim;
+  PoolWithAllocator pool(sim);
+  pool.fake->throw_next = 1;
+  REQUIRE_THROWS_WITH(sim.adapter.allocate(12 * MiB), Catch::Contains("broke"));
+  REQUIRE(sim.reserved() == 0);
+  sim.core_device().check_invariants();
+  c10::DataPtr a = sim.adapter.allocate(12 * MiB);
+  REQUIRE(pool.fake->owns(a.get()));
+  REQUIRE(sim.reserved() == 12 * MiB);
+}
+
+TEST_CASE("a MemPool's allocator is kept alive while its pool holds segments from it", "[torch][pools][allocator]") {
+  SimAdapter sim;
+  std::weak_ptr<FakePoolAllocator> watch;
+  c10::DataPtr live;
+  {
+    PoolWithAllocator pool(sim);
+    watch = pool.fake;
+    live = sim.adapter.allocate(12 * MiB);
+    pool.destroy();
+  }
+  REQUIRE_FALSE(watch.expired());  // the MemPool is gone; a tensor of it lives on
+  live.clear();
+  REQUIRE_FALSE(watch.expired());  // freed into the pool's cache
+  sim.adapter.emptyCache(kPool);
+  REQUIRE(watch.expired());
+  REQUIRE(sim.reserved() == 0);
+}
+
+TEST_CASE("an allocator for a pool that exists already is refused with a clear error", "[torch][pools][allocator]") {
   SimAdapter sim;
   sim.adapter.createOrIncrefPool(0, kPool, nullptr);
-  sim.adapter.setUseOnOOM(0, kPool, false);
-  sim.adapter.setNoSplit(0, kPool);
+  auto fake = std::make_shared<FakePoolAllocator>(sim.context);
+  REQUIRE_THROWS_WITH(sim.adapter.createOrIncrefPool(0, kPool, fake), Catch::Contains("exists already"));
   REQUIRE(sim.adapter.getPoolUseCount(0, kPool) == 1);
+}
+
+TEST_CASE("gpumem itself as a MemPool's allocator is the same as none", "[torch][pools][allocator]") {
+  SimAdapter sim;
+  TorchAllocatorPtr self(&sim.adapter, [](auto*) {});
+  sim.adapter.createOrIncrefPool(0, kPool, self);
+  sim.adapter.beginAllocateToPool(0, kPool, capture_stream_only());
+  sim.context.stream = kCaptureStream;
+  c10::DataPtr a = sim.adapter.allocate(1 * MiB);
+  REQUIRE(sim.backend.ledger(0).reserves == 1);
+  REQUIRE(pool_of(sim, a) == PoolId{1, 0});
+  sim.adapter.endAllocateToPool(0, kPool);
+}
+
+// ---- no_split and use_on_oom ----
+
+TEST_CASE("a no_split MemPool hands out whole blocks", "[torch][pools][no_split]") {
+  SimAdapter sim;
+  sim.adapter.createOrIncrefPool(0, kPool, nullptr);
+  sim.adapter.setNoSplit(0, kPool);
+  sim.adapter.beginAllocateToPool(0, kPool, capture_stream_only());
+  sim.context.stream = kCaptureStream;
+  c10::DataPtr a = sim.adapter.allocate(4096);
+  c10::DataPtr b = sim.adapter.allocate(4096);
+  sim.adapter.endAllocateToPool(0, kPool);
+  int segments = 0;
+  for (const SegmentInfo& s : sim.core_device().snapshot()) {
+    REQUIRE(s.blocks.size() == 1);
+    ++segments;
+  }
+  REQUIRE(segments == 2);
+}
+
+TEST_CASE("a use_on_oom MemPool's cached blocks serve a default-pool request at the cap", "[torch][pools][use_on_oom]") {
+  SimAdapter sim;
+  sim.core_device().set_limit(std::optional<std::size_t>(40 * MiB));
+  sim.adapter.createOrIncrefPool(0, kPool, nullptr);
+  sim.adapter.setUseOnOOM(0, kPool, true);
+  sim.adapter.beginAllocateToPool(0, kPool, capture_stream_only());
+  sim.context.stream = kCaptureStream;
+  std::uintptr_t cached = 0;
+  {
+    c10::DataPtr pooled = sim.adapter.allocate(30 * MiB);
+    cached = address_of(pooled);
+  }
+  sim.adapter.endAllocateToPool(0, kPool);
+  c10::DataPtr borrowed = sim.adapter.allocate(30 * MiB);  // 30 + 30 MiB do not fit under 40
+  REQUIRE(address_of(borrowed) == cached);
+  borrowed.clear();
+  sim.adapter.setUseOnOOM(0, kPool, false);
+  REQUIRE_THROWS_AS(sim.adapter.allocate(30 * MiB), c10::OutOfMemoryError);
+}
+
+TEST_CASE("pool options for a pool that does not exist raise an error", "[torch][pools]") {
+  SimAdapter sim;
+  REQUIRE_THROWS_WITH(sim.adapter.setNoSplit(0, kPool), Catch::Contains("does not exist"));
 }
