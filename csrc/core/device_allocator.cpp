@@ -88,8 +88,13 @@ DeviceAllocator::~DeviceAllocator() {
 
 Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream) {
   std::lock_guard<std::mutex> lock(mutex_);
-  // While a graph may be capturing, event queries are illegal; blocks wait until it ends.
-  if (pool_targets_.empty()) process_events();
+  // While a graph may be capturing, event queries are illegal; blocks wait until it ends, or
+  // until the capture graph shows they may be reused (core/capture_reuse.cpp).
+  if (pool_targets_.empty()) {
+    process_events();
+  } else if (capture_reuse_ && !deferred_.empty()) {
+    reuse_deferred(stream);
+  }
   device_refused_ = false;
   // No device holds this much; failing here also keeps the rounding below from overflowing.
   if (requested > SIZE_MAX - kLargeRounding) throw_oom(requested, requested);
@@ -260,8 +265,7 @@ void DeviceAllocator::free(Block* block) {
   } else if (pool_targets_.empty()) {
     insert_events(block);
   } else {
-    block->pending_events = 1;  // held until the capture ends, when its events are recorded
-    deferred_.push_back(block);
+    defer(block);
   }
   debug_check();
 }

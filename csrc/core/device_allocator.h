@@ -110,6 +110,10 @@ class DeviceAllocator {
   // Whether new memory of the default pool comes from growable segments. Asking for them where the
   // backend cannot map pages keeps plain segments; memory already reserved stays as it is.
   void set_growable(bool on);
+  // Whether a block freed during a capture while other streams used it may be reused before the
+  // capture ends, once the capture graph shows those streams' work joined the block's stream
+  // (torch's graph_capture_record_stream_reuse). Off by default, as in torch.
+  void set_capture_reuse(bool on);
   bool growable() const;                       // in effect: asked for and supported
   bool growable_supported() const { return page_size_ > 0; }
   std::size_t page_size() const { return page_size_; }
@@ -168,6 +172,8 @@ class DeviceAllocator {
   [[noreturn]] void throw_oom(std::size_t requested, std::size_t size);
 
   void free_block(Block* block);
+  void defer(Block* block);
+  void reuse_deferred(StreamId stream);
   void insert_events(Block* block);
   void process_events();
   void synchronize_and_process_events();
@@ -226,7 +232,14 @@ class DeviceAllocator {
   std::map<std::uintptr_t, std::unique_ptr<Segment>> segments_;  // by address
   std::uint64_t next_serial_ = 0;
   std::deque<PendingFree> pending_;
-  std::vector<Block*> deferred_;                // freed with stream uses while a pool target was active
+  // Freed with stream uses while a pool target was active: held until the capture ends, or
+  // until the request's stream follows every marker (none: only the end of the capture frees it).
+  struct Deferred {
+    Block* block;
+    std::vector<CaptureMarker> markers;  // one per stream that used the block
+  };
+  std::vector<Deferred> deferred_;
+  bool capture_reuse_ = false;
   std::size_t device_total_ = 0;
   std::size_t page_size_ = 0;                   // the backend's mapping granularity; 0: no growable segments
   bool growable_ = false;                       // asked for (in effect only if page_size_ > 0)

@@ -140,7 +140,7 @@ void DeviceAllocator::check_invariants_locked() const {
   }
   std::map<const Block*, int> events;
   for (const PendingFree& p : pending_) ++events[p.block];
-  for (const Block* b : deferred_) ++events[b];
+  for (const Deferred& d : deferred_) ++events[d.block];
   for (const auto& [block, count] : events) {
     if (block->pending_events != count) broken(device_, "pending event count differs from the events queued", block->addr);
   }

@@ -63,9 +63,9 @@ void DeviceAllocator::end_allocate_to_pool(PoolId id) {
   }
   release_free_pools();
   if (!pool_targets_.empty()) return;
-  for (Block* block : deferred_) {
-    block->pending_events = 0;
-    insert_events(block);
+  for (const Deferred& d : deferred_) {
+    d.block->pending_events = 0;
+    insert_events(d.block);
   }
   deferred_.clear();
 }

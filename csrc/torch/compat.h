@@ -9,6 +9,9 @@
 #pragma once
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#if GPUMEM_TORCH_HAS_CAPTURE_RECORD_STREAM_REUSE
+#include <c10/cuda/CUDAAllocatorConfig.h>
+#endif
 
 #include <string>
 
@@ -41,6 +44,16 @@ inline TorchTraceEntry make_trace_entry(TorchTraceEntry::Action action, c10::Dev
 #else
   (void)pool;
   return TorchTraceEntry(action, device, addr, size, stream, 0, std::move(context));
+#endif
+}
+
+// torch's graph_capture_record_stream_reuse setting (PYTORCH_CUDA_ALLOC_CONF,
+// _set_allocator_settings), where this torch has it.
+inline bool capture_record_stream_reuse() {
+#if GPUMEM_TORCH_HAS_CAPTURE_RECORD_STREAM_REUSE
+  return c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::graph_capture_record_stream_reuse();
+#else
+  return false;
 #endif
 }
 

@@ -36,6 +36,7 @@ void TorchAllocator::beginAllocateToPool(DeviceIndex device, MempoolId mempool_i
   const PoolId pool = torch_compat::to_gpumem(mempool_id);
   with_c10_errors([&] {
     d.create_pool(pool);
+    d.set_capture_reuse(torch_compat::capture_record_stream_reuse());
     d.begin_allocate_to_pool(pool, [filter = std::move(filter)](StreamId stream) {
       return filter(reinterpret_cast<cudaStream_t>(stream));
     });

@@ -44,6 +44,10 @@ class TracingBackend final : public Backend {
   bool map(int device, void* ptr, std::size_t bytes) override;
   void unmap(int device, void* ptr, std::size_t bytes) override;
   void grant_peer(int device, int peer) override { inner_.grant_peer(device, peer); }
+  CaptureMarker capture_marker(int device, StreamId stream) override { return inner_.capture_marker(device, stream); }
+  bool capture_follows(int device, StreamId stream, CaptureMarker marker) override {
+    return inner_.capture_follows(device, stream, marker);
+  }
 
  private:
   Backend& inner_;

@@ -345,3 +345,22 @@ TEST_CASE("pool options for a pool that does not exist raise an error", "[torch]
   SimAdapter sim;
   REQUIRE_THROWS_WITH(sim.adapter.setNoSplit(0, kPool), Catch::Contains("does not exist"));
 }
+
+TEST_CASE("torch's graph_capture_record_stream_reuse setting reaches the pool a capture begins", "[torch][pools]") {
+  const bool reuse = GENERATE(false, true);
+  c10::CachingAllocator::setAllocatorSettings(std::string("graph_capture_record_stream_reuse:") +
+                                              (reuse ? "True" : "False"));
+  SimAdapter sim;
+  sim.adapter.beginAllocateToPool(0, kPool, [](cudaStream_t) { return true; });
+  sim.context.stream = 1;
+  c10::DataPtr keep = sim.adapter.allocate(4096);
+  c10::DataPtr used = sim.adapter.allocate(4096);
+  void* freed = used.get();
+  sim.adapter.record_stream(used, 2);
+  used.clear();
+  sim.backend.wait_stream(0, 1, 2);
+  c10::DataPtr next = sim.adapter.allocate(4096);
+  REQUIRE((next.get() == freed) == reuse);
+  sim.adapter.endAllocateToPool(0, kPool);
+  c10::CachingAllocator::setAllocatorSettings("graph_capture_record_stream_reuse:False");
+}

@@ -1,0 +1,57 @@
+// Blocks freed during a CUDA graph capture while other streams used them (record_stream).
+//
+// Outside capture such a block waits for events recorded on those streams. Events cannot be
+// queried while a graph captures, so by default the block waits for the capture to end. With
+// capture reuse on, the free leaves a marker in each using stream's captured work
+// (Backend::capture_marker); a later request on the block's own stream reuses the block once that
+// stream's work follows every marker, i.e. the capture joined those streams back into it
+// (Backend::capture_follows). A request on the block's stream is the only one that could take it:
+// free blocks are kept per stream. A block some marker could not be made for waits for the end.
+#include <algorithm>
+
+#include "core/device_allocator.h"
+
+namespace gpumem {
+
+void DeviceAllocator::set_capture_reuse(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capture_reuse_ = on;
+}
+
+void DeviceAllocator::defer(Block* block) {
+  block->pending_events = 1;  // held until the capture ends or its markers are followed
+  Deferred d{block, {}};
+  if (capture_reuse_) {
+    for (StreamId s : block->stream_uses) {
+      const CaptureMarker marker = backend_.capture_marker(device_, s);
+      if (marker == 0) {
+        d.markers.clear();
+        break;
+      }
+      d.markers.push_back(marker);
+    }
+  }
+  deferred_.push_back(std::move(d));
+}
+
+void DeviceAllocator::reuse_deferred(StreamId stream) {
+  auto followed = [&](const Deferred& d) {
+    if (d.markers.empty() || d.block->stream != stream) return false;
+    return std::all_of(d.markers.begin(), d.markers.end(),
+                       [&](CaptureMarker m) { return backend_.capture_follows(device_, stream, m); });
+  };
+  std::vector<Block*> ready;
+  auto kept = std::remove_if(deferred_.begin(), deferred_.end(), [&](const Deferred& d) {
+    if (!followed(d)) return false;
+    ready.push_back(d.block);
+    return true;
+  });
+  deferred_.erase(kept, deferred_.end());
+  for (Block* block : ready) {
+    block->pending_events = 0;
+    block->stream_uses.clear();
+    free_block(block);
+  }
+}
+
+}  // namespace gpumem
