@@ -40,14 +40,12 @@ void DeviceAllocator::reuse_deferred(StreamId stream) {
     return std::all_of(d.markers.begin(), d.markers.end(),
                        [&](CaptureMarker m) { return backend_.capture_follows(device_, stream, m); });
   };
-  std::vector<Block*> ready;
-  auto kept = std::remove_if(deferred_.begin(), deferred_.end(), [&](const Deferred& d) {
-    if (!followed(d)) return false;
-    ready.push_back(d.block);
-    return true;
-  });
-  deferred_.erase(kept, deferred_.end());
-  for (Block* block : ready) {
+  // One at a time, each out of the list before it is freed: a free that throws (a release the
+  // threshold asks for) leaves the others deferred, to be freed when the capture ends.
+  for (auto it = std::find_if(deferred_.begin(), deferred_.end(), followed); it != deferred_.end();
+       it = std::find_if(deferred_.begin(), deferred_.end(), followed)) {
+    Block* block = it->block;
+    deferred_.erase(it);
     block->pending_events = 0;
     block->stream_uses.clear();
     free_block(block);

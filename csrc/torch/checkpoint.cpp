@@ -217,28 +217,33 @@ TorchAllocator::CheckpointDelta TorchAllocator::setCheckpointPoolState(DeviceInd
               pool.second, "): the pool has been released");
   const c10::Device where(c10::DeviceType::CUDA, device);
 
-  return pool_blocks_.locked(device, [&](PoolBlocks::Map& registered) {
-    CheckpointDelta delta;
+  CheckpointDelta delta;
+  // The DataPtrs are made once the map is unlocked: one destroyed while it is locked (an error
+  // below) would free its block through the map and wait for the lock this thread holds.
+  const std::vector<Block*> restored = pool_blocks_.locked(device, [&](PoolBlocks::Map& registered) {
     const std::vector<SegmentInfo> now = pool_segments(d, pool);
     const Allocated allocated = check_restorable(*checkpoint, now, registered, core_);
-    // 2. Free every allocated block of the pool.
+    // 2. Free every allocated block of the pool. Their stacks go with them: the blocks cut in
+    // step 3 are new allocations.
     for (Block* block : allocated.registered) {
       delta.ptrs_freed.push_back(block->ptr());
       registered.erase(block->addr);
+      history_.forget_block(device, block->addr);
       CachingAllocator::free(block);
     }
     for (void* ptr : allocated.raw) {
       delta.ptrs_freed.push_back(ptr);
+      history_.forget_block(device, reinterpret_cast<std::uintptr_t>(ptr));
       with_c10_errors([&] { core_.raw_free(ptr); });
     }
     // 3. Cut the segments again.
-    for (Block* block : cut_segments(d, pool, target_layouts(now, *checkpoint))) {
-      registered.emplace(block->addr, block);
-      delta.dataptrs_allocd.emplace_back(block->ptr(), context_of(block), &delete_block, where);
-    }
+    std::vector<Block*> kept = cut_segments(d, pool, target_layouts(now, *checkpoint));
+    for (Block* block : kept) registered.emplace(block->addr, block);
     check_restored(d, *checkpoint);
-    return delta;
+    return kept;
   });
+  for (Block* block : restored) delta.dataptrs_allocd.emplace_back(block->ptr(), context_of(block), &delete_block, where);
+  return delta;
 }
 
 }  // namespace gpumem

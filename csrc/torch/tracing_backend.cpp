@@ -10,6 +10,16 @@ struct RequestState {
 };
 thread_local RequestState request;
 
+// What the history is told must not fail the memory operation it describes: the device has
+// handed the memory out (or taken it back) already, and the core's rollback would lose count of it.
+template <class F>
+void tell(F&& f) noexcept {
+  try {
+    f();
+  } catch (...) {
+  }
+}
+
 }  // namespace
 
 TracingBackend::Request::Request(StreamId stream, History::Context context) {
@@ -28,8 +38,10 @@ void* TracingBackend::reserve(int device, std::size_t bytes) {
   void* ptr = inner_.reserve(device, bytes);
   if (ptr && history_.active()) {
     const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-    history_.record(History::Action::SEGMENT_ALLOC, device, addr, bytes, request.stream, {}, request.context);
-    history_.remember_segment(device, addr, request.context);
+    tell([&] {
+      history_.record(History::Action::SEGMENT_ALLOC, device, addr, bytes, request.stream, {}, request.context);
+      history_.remember_segment(device, addr, request.context);
+    });
   }
   return ptr;
 }
@@ -37,9 +49,11 @@ void* TracingBackend::reserve(int device, std::size_t bytes) {
 void TracingBackend::release(int device, void* ptr, std::size_t bytes) {
   if (history_.active()) {
     const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-    History::Context made = history_.forget_segment(device, addr);
-    history_.record(History::Action::SEGMENT_FREE, device, addr, bytes, request.stream, {},
-                    request.context ? request.context : made);
+    tell([&] {
+      History::Context made = history_.forget_segment(device, addr);
+      history_.record(History::Action::SEGMENT_FREE, device, addr, bytes, request.stream, {},
+                      request.context ? request.context : made);
+    });
   }
   inner_.release(device, ptr, bytes);
 }
@@ -48,8 +62,10 @@ bool TracingBackend::map(int device, void* ptr, std::size_t bytes) {
   const bool mapped = inner_.map(device, ptr, bytes);
   if (mapped && history_.active()) {
     const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-    history_.record(History::Action::SEGMENT_MAP, device, addr, bytes, request.stream, {}, request.context);
-    history_.remember_segment(device, addr, request.context);
+    tell([&] {
+      history_.record(History::Action::SEGMENT_MAP, device, addr, bytes, request.stream, {}, request.context);
+      history_.remember_segment(device, addr, request.context);
+    });
   }
   return mapped;
 }
@@ -57,9 +73,11 @@ bool TracingBackend::map(int device, void* ptr, std::size_t bytes) {
 void TracingBackend::unmap(int device, void* ptr, std::size_t bytes) {
   if (history_.active()) {
     const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-    History::Context made = history_.forget_segment(device, addr);
-    history_.record(History::Action::SEGMENT_UNMAP, device, addr, bytes, request.stream, {},
-                    request.context ? request.context : made);
+    tell([&] {
+      History::Context made = history_.forget_segment(device, addr);
+      history_.record(History::Action::SEGMENT_UNMAP, device, addr, bytes, request.stream, {},
+                      request.context ? request.context : made);
+    });
   }
   inner_.unmap(device, ptr, bytes);
 }
