@@ -125,7 +125,7 @@ def oom_facts(message: str, limit: Optional[int]) -> dict:
     request = re.search(r"Tried to allocate " + _SIZE, message)
     held = re.search(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch,.*?and " + _SIZE
                      + r" is reserved by PyTorch but unallocated", message, re.S)
-    kind = re.search(r"\(gpumem: ([a-z ]+)\)", message)
+    kind = re.search(r"gpumem: (over the limit|device full|fragmentation)", message)
     if kind:
         facts["gpumem_kind"] = kind.group(1)
     if not (request and held and limit is not None):

@@ -8,6 +8,7 @@ simulated device under a 3 GB cap, prints the replay's report, and finds the sma
 fits under, with growable segments (gpumem's default) and with plain ones.
 """
 import pathlib
+import re
 import sys
 
 import torch
@@ -43,7 +44,8 @@ def train_on_gpu():
             batch = batch * 2 if growing else batch
         except torch.OutOfMemoryError as e:
             opt.zero_grad(set_to_none=True)
-            case = str(e).split("(gpumem: ")[1].split(")")[0]
+            found = re.search(r"gpumem: (over the limit|device full|fragmentation)", str(e))
+            case = found.group(1) if found else "out of memory"
             row(step, batch, limit, f"OOM ({case}): back to batch {batch // 2}, training on")
             batch, growing = batch // 2, False
     print(gpumem.report())
