@@ -39,6 +39,7 @@ TORCH_FEATURES = [
     ("USER_METADATA", "c10/cuda/CUDACachingAllocator.h", r"virtualvoidsetUserMetadata\("),
     ("TRACE_ENTRY_COMPILE_CONTEXT", "*", r"std::stringcompile_context_;"),
     ("TRACE_ENTRY_USER_METADATA", "*", r"std::stringuser_metadata_;"),
+    ("ROUNDUP_DIVISIONS", "c10/core/AllocatorConfig.h", r"staticsize_troundup_power2_divisions\(size_tsize\)"),
     ("CAPTURE_RECORD_STREAM_REUSE", "c10/cuda/CUDAAllocatorConfig.h", r"staticboolgraph_capture_record_stream_reuse\(\)"),
 ]
 ALLOCATOR_HEADERS = ["c10/cuda/CUDACachingAllocator.h", "c10/core/CachingDeviceAllocator.h"]

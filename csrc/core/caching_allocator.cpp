@@ -43,8 +43,8 @@ void CachingAllocator::configure(int index, const AllocatorConfig& config) {
   configs_[index] = config;
 }
 
-void* CachingAllocator::raw_alloc(int device, std::size_t size, StreamId stream) {
-  Block* block = malloc(device, size, stream);
+void* CachingAllocator::raw_alloc(int device, std::size_t size, StreamId stream, std::size_t at_least) {
+  Block* block = malloc(device, size, stream, at_least);
   Shard& s = shard(block->ptr());
   std::lock_guard<std::mutex> lock(s.mutex);
   s.blocks.emplace(block->ptr(), block);

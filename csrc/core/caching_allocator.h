@@ -25,11 +25,13 @@ class CachingAllocator {
   // Settings for a device: applied now if its allocator exists, else when it is created.
   void configure(int index, const AllocatorConfig& config);
 
-  Block* malloc(int device, std::size_t size, StreamId stream) { return this->device(device).malloc(size, stream); }
+  Block* malloc(int device, std::size_t size, StreamId stream, std::size_t at_least = 0) {
+    return this->device(device).malloc(size, stream, at_least);
+  }
   static void free(Block* block) { block->segment->owner->free(block); }
 
   // By address. raw_free of an address raw_alloc did not return throws std::invalid_argument.
-  void* raw_alloc(int device, std::size_t size, StreamId stream);
+  void* raw_alloc(int device, std::size_t size, StreamId stream, std::size_t at_least = 0);
   void raw_free(void* ptr);
   Block* find_raw(void* ptr) const;
   // Takes `ptr` out of the raw table and returns its block (still allocated), or nullptr.

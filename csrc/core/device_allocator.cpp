@@ -86,7 +86,7 @@ DeviceAllocator::~DeviceAllocator() {
 
 // ---- malloc: the fallback chain ----
 
-Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream) {
+Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size_t at_least) {
   std::lock_guard<std::mutex> lock(mutex_);
   // While a graph may be capturing, event queries are illegal; blocks wait until it ends, or
   // until the capture graph shows they may be reused (core/capture_reuse.cpp).
@@ -98,7 +98,7 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream) {
   device_refused_ = false;
   // No device holds this much; failing here also keeps the rounding below from overflowing.
   if (requested > SIZE_MAX - kLargeRounding) throw_oom(requested, requested);
-  const std::size_t size = round_size(requested);
+  const std::size_t size = std::max(round_size(requested), at_least);
   const bool small = is_small(size);
   Pool& pool = pool_for_locked(stream);
 

@@ -78,8 +78,9 @@ class DeviceAllocator {
 
   int device() const { return device_; }
 
-  // A block of at least `size` bytes usable on `stream`; throws OutOfMemoryError.
-  Block* malloc(std::size_t size, StreamId stream);
+  // A block of at least `size` bytes usable on `stream`, and of at least `at_least` bytes (a
+  // multiple of 512: a rounding the caller asks for); throws OutOfMemoryError.
+  Block* malloc(std::size_t size, StreamId stream, std::size_t at_least = 0);
   void free(Block* block);
   // `block` is also used on `stream`: it is not reused until that stream's work queued so far is done.
   void record_stream(Block* block, StreamId stream);

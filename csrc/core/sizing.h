@@ -20,6 +20,18 @@ constexpr std::size_t round_size(std::size_t requested) {
   return requested < kMinBlockSize ? kMinBlockSize : round_up(requested, kMinBlockSize);
 }
 
+// The smallest of `divisions` equal steps between the powers of two around `size` that holds it:
+// PyTorch's roundup_power2_divisions, which trades a little memory per block for block sizes that
+// repeat. A power of two stays as it is.
+constexpr std::size_t round_to_division(std::size_t size, std::size_t divisions) {
+  if (size == 0 || divisions == 0 || (size & (size - 1)) == 0) return size;
+  const std::size_t floor = std::size_t{1} << (63 - __builtin_clzll(size));
+  const std::size_t step = floor >> (63 - __builtin_clzll(divisions));
+  if (step == 0) return floor << 1;
+  const std::size_t down = size & ~(step - 1);
+  return down == size ? size : down + step;
+}
+
 constexpr bool is_small(std::size_t block_size) { return block_size <= kSmallSize; }
 
 // The segment the pool would normally reserve for a block of `size`.

@@ -119,7 +119,8 @@ void TorchAllocator::report_to_profiler(int device, void* ptr, std::int64_t delt
 
 Block* TorchAllocator::malloc_block(int device, size_t size, StreamId stream) {
   if (C10_UNLIKELY(history_.active())) return malloc_recorded(device, size, stream, false);
-  Block* block = call_core(stream, nullptr, [&] { return core_.malloc(device, size, stream); });
+  const std::size_t rounded = torch_compat::power2_division_size(size);
+  Block* block = call_core(stream, nullptr, [&] { return core_.malloc(device, size, stream, rounded); });
   if (C10_UNLIKELY(in_private_pool(block))) pool_blocks_.add(device, block);
   return block;
 }
@@ -131,8 +132,10 @@ Block* TorchAllocator::malloc_recorded(int device, size_t size, StreamId stream,
   Block* block = nullptr;
   {
     TracingBackend::Request request(stream, context);
+    const std::size_t rounded = torch_compat::power2_division_size(size);
     block = call_core(stream, context, [&] {
-      return raw ? core_.find_raw(core_.raw_alloc(device, size, stream)) : core_.malloc(device, size, stream);
+      return raw ? core_.find_raw(core_.raw_alloc(device, size, stream, rounded))
+                 : core_.malloc(device, size, stream, rounded);
     });
   }
   const PoolId pool = block->segment->pool->id;
@@ -268,7 +271,8 @@ void* TorchAllocator::raw_alloc_on(int device, size_t nbytes, StreamId stream) {
   if (nbytes == 0) return nullptr;
   if (C10_UNLIKELY(!enabled_.load(std::memory_order_relaxed))) return malloc_uncached(device, nbytes);
   if (C10_UNLIKELY(history_.active())) return malloc_recorded(device, nbytes, stream, true)->ptr();
-  return call_core(stream, nullptr, [&] { return core_.raw_alloc(device, nbytes, stream); });
+  const std::size_t rounded = torch_compat::power2_division_size(nbytes);
+  return call_core(stream, nullptr, [&] { return core_.raw_alloc(device, nbytes, stream, rounded); });
 }
 
 void TorchAllocator::raw_delete(void* ptr) {

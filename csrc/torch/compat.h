@@ -12,10 +12,14 @@
 #if GPUMEM_TORCH_HAS_CAPTURE_RECORD_STREAM_REUSE
 #include <c10/cuda/CUDAAllocatorConfig.h>
 #endif
+#if GPUMEM_TORCH_HAS_ROUNDUP_DIVISIONS
+#include <c10/core/AllocatorConfig.h>
+#endif
 
 #include <string>
 
 #include "core/block.h"
+#include "core/sizing.h"
 
 #ifndef GPUMEM_TORCH_HAS_DEVICE_ALLOCATOR_BASE
 #error "gpumem: build through setup.py or CMake, which define the GPUMEM_TORCH_HAS_* macros from the installed torch's headers"
@@ -54,6 +58,20 @@ inline bool capture_record_stream_reuse() {
   return c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::graph_capture_record_stream_reuse();
 #else
   return false;
+#endif
+}
+
+// What torch's roundup_power2_divisions setting rounds a request of `size` bytes up to, as native
+// rounds it; 0 where the setting does not apply (no divisions for the size's band, a small size,
+// or a torch without the setting).
+inline std::size_t power2_division_size(std::size_t size) {
+#if GPUMEM_TORCH_HAS_ROUNDUP_DIVISIONS
+  const std::size_t divisions = c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions(size);
+  if (divisions <= 1 || size <= kMinBlockSize * divisions) return 0;
+  return round_to_division(size, divisions);
+#else
+  (void)size;
+  return 0;
 #endif
 }
 

@@ -123,3 +123,14 @@ TEST_CASE("a tight segment is reserved when the device refuses the normal one", 
   REQUIRE(sim.ledger().refusals == 1);
   REQUIRE(sim.ledger().in_use == 6 * MiB);
 }
+
+TEST_CASE("round_to_division rounds up to the next of N equal steps between powers of two", "[sizing]") {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  // 84 MiB lies between 64 and 128 MiB: steps of 16 MiB with 4 divisions, 8 MiB with 8.
+  REQUIRE(round_to_division(84 * MiB, 4) == 96 * MiB);
+  REQUIRE(round_to_division(84 * MiB, 8) == 88 * MiB);
+  REQUIRE(round_to_division(400 * MiB, 2) == 512 * MiB);
+  REQUIRE(round_to_division(80 * MiB, 4) == 80 * MiB);   // on a step already
+  REQUIRE(round_to_division(64 * MiB, 4) == 64 * MiB);   // a power of two
+  REQUIRE(round_to_division(3000, 1) == 4096);           // one division: the next power of two
+}

@@ -2,6 +2,7 @@
 // out-of-memory, and the small lifecycle calls.
 #include <catch2/catch.hpp>
 
+#include <c10/core/AllocatorConfig.h>
 #include <c10/util/Exception.h>
 
 #include <string>
@@ -218,4 +219,16 @@ TEST_CASE("a device with plain segments lists no expandable segments", "[torch][
   sim.context.stream = 7;
   c10::DataPtr a = sim.adapter.allocate(8 * MiB);
   REQUIRE(sim.adapter.getExpandableSegmentSizes(0).empty());
+}
+
+TEST_CASE("torch's roundup_power2_divisions setting rounds blocks as native does", "[torch][allocate]") {
+  c10::CachingAllocator::setAllocatorSettings("roundup_power2_divisions:4");
+  SimAdapter sim(4 * GiB);
+  c10::DataPtr rounded = sim.adapter.allocate(84 * MiB);
+  const auto stats = sim.core_device().stats();
+  REQUIRE(stats.allocated_bytes[kAll].current == 96 * MiB);
+  REQUIRE(stats.requested_bytes[kAll].current == 84 * MiB);
+  c10::CachingAllocator::setAllocatorSettings("");  // each parse resets the divisions
+  c10::DataPtr plain = sim.adapter.allocate(84 * MiB);
+  REQUIRE(sim.core_device().stats().allocated_bytes[kAll].current == (96 + 84) * MiB);
 }
