@@ -156,19 +156,8 @@ Block* DeviceAllocator::try_new_segment(Pool& pool, bool small, StreamId stream,
 // The cap first, then the pool's source (the backend, or a MemPool's allocator); the cap is given
 // back if the source refuses or throws.
 Block* DeviceAllocator::reserve_segment(Pool& pool, bool small, StreamId stream, std::size_t bytes) {
-  if (!cap_.try_reserve(bytes)) return nullptr;
-  void* ptr = nullptr;
-  try {
-    ptr = source_of(pool).reserve(bytes);
-  } catch (...) {
-    cap_.unreserve(bytes);
-    throw;
-  }
-  if (!ptr) {
-    cap_.unreserve(bytes);
-    device_refused_ = true;
-    return nullptr;
-  }
+  void* ptr = capped(bytes, [&] { return source_of(pool).reserve(bytes); });
+  if (!ptr) return nullptr;
   Segment* segment = add_segment(pool, small, stream, reinterpret_cast<std::uintptr_t>(ptr), bytes);
   segment->mapped = bytes;
   increase_stat(stats_.segment, small, 1);

@@ -159,6 +159,25 @@ class DeviceAllocator {
     StreamFilter filter;
   };
 
+  // The cap's rule, for every way of getting memory: count `bytes` first, then ask the device
+  // (`ask` returns a pointer or a bool); if it refuses or throws the bytes are given back. A
+  // refusal is remembered for the out-of-memory error's case.
+  template <class Ask>
+  auto capped(std::size_t bytes, Ask&& ask) -> decltype(ask()) {
+    if (!cap_.try_reserve(bytes)) return {};
+    decltype(ask()) got{};
+    try {
+      got = ask();
+    } catch (...) {
+      cap_.unreserve(bytes);
+      throw;
+    }
+    if (!got) {
+      cap_.unreserve(bytes);
+      device_refused_ = true;
+    }
+    return got;
+  }
   std::size_t allocated_locked() const;  // allocated blocks and uncached memory: what the cap is measured against
   void* reserve_uncached(std::size_t bytes);
   Pool& pool_for_locked(StreamId stream);

@@ -120,19 +120,7 @@ Block* DeviceAllocator::map_front(Block* unmapped, std::size_t size) {
   const bool small = segment.small;
   const std::size_t before = unmapped->prev && unmapped->prev->is_cached() ? unmapped->prev->size : 0;
   const std::size_t bytes = std::min(round_up(size - before, page_size_), unmapped->size);
-  if (!cap_.try_reserve(bytes)) return nullptr;
-  bool mapped = false;
-  try {
-    mapped = backend_.map(device_, unmapped->ptr(), bytes);
-  } catch (...) {
-    cap_.unreserve(bytes);
-    throw;
-  }
-  if (!mapped) {
-    cap_.unreserve(bytes);
-    device_refused_ = true;
-    return nullptr;
-  }
+  if (!capped(bytes, [&] { return backend_.map(device_, unmapped->ptr(), bytes); })) return nullptr;
   FreeBlocks& unmapped_set = segment.pool->unmapped_for(small);
   unmapped_set.erase(unmapped);
   if (bytes < unmapped->size) unmapped_set.insert(split_block(unmapped, bytes, arena_));

@@ -27,19 +27,8 @@ void* DeviceAllocator::malloc_uncached(std::size_t requested) {
 }
 
 void* DeviceAllocator::reserve_uncached(std::size_t bytes) {
-  if (!cap_.try_reserve(bytes)) return nullptr;
-  void* ptr = nullptr;
-  try {
-    ptr = backend_.reserve(device_, bytes);
-  } catch (...) {
-    cap_.unreserve(bytes);
-    throw;
-  }
-  if (!ptr) {
-    cap_.unreserve(bytes);
-    device_refused_ = true;
-    return nullptr;
-  }
+  void* ptr = capped(bytes, [&] { return backend_.reserve(device_, bytes); });
+  if (!ptr) return nullptr;
   uncached_.emplace(reinterpret_cast<std::uintptr_t>(ptr), bytes);
   uncached_bytes_ += bytes;
   return ptr;
