@@ -52,22 +52,10 @@ DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorCo
   growable_ = config.growable;
 }
 
-namespace {
-
-// A destructor must not throw (it would end the process): a backend call that fails while the
-// allocator is torn down leaves that memory to the driver, which frees it with the process.
-template <class F>
-void quietly(F&& f) noexcept {
-  try {
-    f();
-  } catch (...) {
-  }
-}
-
-}  // namespace
-
 DeviceAllocator::~DeviceAllocator() {
-  // The owner is going away: give everything back, live blocks included.
+  // The owner is going away: give everything back, live blocks included. A destructor must not
+  // throw (it would end the process): a backend call that fails now leaves that memory to the
+  // driver, which frees it with the process.
   for (const PendingFree& p : pending_) quietly([&] { backend_.destroy_event(device_, p.event); });
   for (const auto& [addr, bytes] : uncached_) {
     quietly([&] { backend_.release(device_, reinterpret_cast<void*>(addr), bytes); });

@@ -56,6 +56,16 @@ class OutOfMemoryError : public std::bad_alloc {
   std::string message_;
 };
 
+// Runs f() where nothing may be thrown (destructors, deleters, reports about memory that has
+// already changed hands): what f throws is dropped, since there is no caller left to tell.
+template <class F>
+void quietly(F&& f) noexcept {
+  try {
+    f();
+  } catch (...) {
+  }
+}
+
 // "4.00 GiB", "512 bytes": the form every message uses.
 std::string format_bytes(std::size_t bytes);
 

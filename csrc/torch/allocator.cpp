@@ -31,10 +31,7 @@ std::uintptr_t address_in(const void* ctx) { return reinterpret_cast<std::uintpt
 
 // A deleter runs inside torch's noexcept destructors: what goes wrong there is reported, not thrown.
 void warn_from_deleter(const char* what) noexcept {
-  try {
-    TORCH_WARN("gpumem: freeing a CUDA tensor failed: ", what);
-  } catch (...) {
-  }
+  quietly([&] { TORCH_WARN("gpumem: freeing a CUDA tensor failed: ", what); });
 }
 
 }  // namespace
@@ -63,11 +60,9 @@ void* TorchAllocator::context_of(const Block* block) {
 Block* TorchAllocator::take_pool_block(std::uintptr_t addr, TorchAllocator** owner) {
   std::lock_guard<std::mutex> lock(adapters_mutex());
   for (TorchAllocator* adapter : adapters()) {
-    for (int d = 0; d < adapter->pool_blocks_.device_count(); ++d) {
-      if (Block* block = adapter->pool_blocks_.take(d, addr)) {
-        *owner = adapter;
-        return block;
-      }
+    if (Block* block = adapter->pool_blocks_.take_any(addr)) {
+      *owner = adapter;
+      return block;
     }
   }
   return nullptr;
@@ -140,7 +135,7 @@ Block* TorchAllocator::malloc_recorded(int device, size_t size, StreamId stream,
   }
   const PoolId pool = block->segment->pool->id;
   if (!raw && !pool.is_default()) pool_blocks_.add(device, block);
-  history_.remember_block(device, block->addr, context);
+  history_.remember(History::kBlocks, device, block->addr, context);
   record(History::Action::ALLOC, device, block->ptr(), size, block->stream, pool, std::move(context));
   return block;
 }
@@ -219,7 +214,7 @@ void TorchAllocator::free_recorded(Block* block) {
 History::Context TorchAllocator::record_free(int device, const Block* block) {
   const PoolId pool = block->segment->pool->id;
   History::Context freeing = history_.gather(History::RecordContext::ALL);
-  History::Context allocating = history_.forget_block(device, block->addr);
+  History::Context allocating = history_.forget(History::kBlocks, device, block->addr);
   const History::Context& context = freeing ? freeing : allocating;
   record(History::Action::FREE_REQUESTED, device, block->ptr(), block->requested, block->stream, pool, context);
   // A block still used by other streams completes later, inside the core, unseen by the history.
@@ -279,8 +274,7 @@ void TorchAllocator::raw_delete(void* ptr) {
   if (!ptr) return;
   Block* block = core_.take_raw(ptr);
   // A private-pool block whose DataPtr torch let go of: cudagraph trees free those by address.
-  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  for (int d = 0; !block && d < pool_blocks_.device_count(); ++d) block = pool_blocks_.take(d, addr);
+  if (!block) block = pool_blocks_.take_any(reinterpret_cast<std::uintptr_t>(ptr));
   if (!block && with_c10_errors([&] { return free_uncached(ptr); })) return;
   TORCH_CHECK(block, "gpumem: raw_delete of ", ptr,
               ", which gpumem did not hand out through raw_alloc or to a CUDA graph's private pool");
@@ -299,9 +293,7 @@ void TorchAllocator::record_stream(const DataPtr& ptr, StreamId stream) {
   Block* block = static_cast<Block*>(ptr.get_context());
   if (tag_of(block) == kUncachedTag) return;  // given back to the device when freed: nothing reuses it early
   if (tag_of(block) == kPoolTag) {
-    const std::uintptr_t addr = address_in(block);
-    block = nullptr;
-    for (int d = 0; !block && d < pool_blocks_.device_count(); ++d) block = pool_blocks_.find(d, addr);
+    block = pool_blocks_.find_any(address_in(block));
     TORCH_CHECK(block, "gpumem: record_stream on a tensor whose memory at ", ptr.get(), " was already freed");
   }
   with_c10_errors([&] { block->segment->owner->record_stream(block, stream); });

@@ -228,12 +228,12 @@ TorchAllocator::CheckpointDelta TorchAllocator::setCheckpointPoolState(DeviceInd
     for (Block* block : allocated.registered) {
       delta.ptrs_freed.push_back(block->ptr());
       registered.erase(block->addr);
-      history_.forget_block(device, block->addr);
+      history_.forget(History::kBlocks, device, block->addr);
       CachingAllocator::free(block);
     }
     for (void* ptr : allocated.raw) {
       delta.ptrs_freed.push_back(ptr);
-      history_.forget_block(device, reinterpret_cast<std::uintptr_t>(ptr));
+      history_.forget(History::kBlocks, device, reinterpret_cast<std::uintptr_t>(ptr));
       with_c10_errors([&] { core_.raw_free(ptr); });
     }
     // 3. Cut the segments again.

@@ -5,6 +5,8 @@
 #include <string_view>
 #include <utility>
 
+#include "core/errors.h"
+
 namespace gpumem {
 
 std::atomic<int> History::active_count_{0};
@@ -27,10 +29,7 @@ constexpr std::pair<std::string_view, TraceEntry::Action> kActionNames[] = {
 };
 
 void warn_quietly(const char* what, const char* why) noexcept {
-  try {
-    TORCH_WARN("gpumem: ", what, ": ", why);
-  } catch (...) {
-  }
+  quietly([&] { TORCH_WARN("gpumem: ", what, ": ", why); });
 }
 
 std::int64_t now_us() {
@@ -73,8 +72,7 @@ void History::configure(bool enabled, CreateContextFn recorder, std::size_t max_
     recorder_ = nullptr;
     when_ = RecordContext::NEVER;
     // Frees are no longer reported, so the tables could not follow the blocks any more.
-    block_contexts_.clear();
-    segment_contexts_.clear();
+    for (auto& map : contexts_) map.clear();
   }
   for (Ring& ring : rings_) {
     if (clear || !enabled) ring = Ring{};
@@ -104,8 +102,7 @@ void History::stop() {
   enabled_ = false;
   recorder_ = nullptr;
   trackers_.clear();
-  block_contexts_.clear();
-  segment_contexts_.clear();
+  for (auto& map : contexts_) map.clear();
   set_active_locked(false);
 }
 
@@ -177,40 +174,23 @@ void History::record(Action action, int device, std::uintptr_t addr, std::size_t
   ring.next = (ring.next + 1) % max_entries_;
 }
 
-void History::remember_block(int device, std::uintptr_t addr, Context context) {
+void History::remember(Table table, int device, std::uintptr_t addr, Context context) {
   if (!context) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (keeps(RecordContext::STATE)) block_contexts_[{device, addr}] = std::move(context);
+  if (keeps(RecordContext::STATE)) contexts_[table][{device, addr}] = std::move(context);
 }
 
-History::Context History::forget_block(int device, std::uintptr_t addr) {
+History::Context History::forget(Table table, int device, std::uintptr_t addr) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto node = block_contexts_.extract({device, addr});
+  auto node = contexts_[table].extract({device, addr});
   return node ? std::move(node.mapped()) : nullptr;
 }
 
-History::Context History::block_context(int device, std::uintptr_t addr) const {
+History::Context History::context(Table table, int device, std::uintptr_t addr) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = block_contexts_.find({device, addr});
-  return it == block_contexts_.end() ? nullptr : it->second;
-}
-
-void History::remember_segment(int device, std::uintptr_t addr, Context context) {
-  if (!context) return;
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (keeps(RecordContext::STATE)) segment_contexts_[{device, addr}] = std::move(context);
-}
-
-History::Context History::forget_segment(int device, std::uintptr_t addr) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto node = segment_contexts_.extract({device, addr});
-  return node ? std::move(node.mapped()) : nullptr;
-}
-
-History::Context History::segment_context(int device, std::uintptr_t addr) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = segment_contexts_.find({device, addr});
-  return it == segment_contexts_.end() ? nullptr : it->second;
+  const auto& map = contexts_[table];
+  auto it = map.find({device, addr});
+  return it == map.end() ? nullptr : it->second;
 }
 
 std::vector<std::vector<TraceEntry>> History::traces() const {

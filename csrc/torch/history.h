@@ -67,12 +67,10 @@ class History {
               Context context = nullptr);
 
   // The stacks that allocated live blocks and segments, by device and address (STATE and above).
-  void remember_block(int device, std::uintptr_t addr, Context context);
-  Context forget_block(int device, std::uintptr_t addr);  // the block's stack, or nullptr
-  Context block_context(int device, std::uintptr_t addr) const;
-  void remember_segment(int device, std::uintptr_t addr, Context context);
-  Context forget_segment(int device, std::uintptr_t addr);
-  Context segment_context(int device, std::uintptr_t addr) const;
+  enum Table { kBlocks, kSegments };
+  void remember(Table table, int device, std::uintptr_t addr, Context context);
+  Context forget(Table table, int device, std::uintptr_t addr);  // the stack, or nullptr
+  Context context(Table table, int device, std::uintptr_t addr) const;
 
   // Tags for the entries that follow: the innermost torch.compile region and the user's metadata.
   void push_compile_context(std::string name);
@@ -103,8 +101,7 @@ class History {
   bool skip_[kActions] = {};
   std::vector<Ring> rings_;
   std::vector<Tracker> trackers_;
-  std::map<Key, Context> block_contexts_;
-  std::map<Key, Context> segment_contexts_;
+  std::map<Key, Context> contexts_[2];  // by Table
   std::string user_metadata_;
   std::vector<std::string> compile_contexts_;  // innermost last
 

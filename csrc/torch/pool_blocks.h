@@ -53,6 +53,18 @@ class PoolBlocks {
     d.blocks.erase(it);
     return block;
   }
+  // The same on whichever device has the block: torch names some blocks by address alone, and
+  // device addresses are unique across devices.
+  Block* find_any(std::uintptr_t addr) {
+    Block* block = nullptr;
+    for (int d = 0; !block && d < device_count(); ++d) block = find(d, addr);
+    return block;
+  }
+  Block* take_any(std::uintptr_t addr) {
+    Block* block = nullptr;
+    for (int d = 0; !block && d < device_count(); ++d) block = take(d, addr);
+    return block;
+  }
   // Runs f(map) with the device's map locked: a multi-step change (the checkpoint restore) that
   // must not interleave with frees of the same pool.
   template <class F>

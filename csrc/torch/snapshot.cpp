@@ -15,7 +15,7 @@ torch_compat::TorchSegmentInfo to_torch_segment(int device, const SegmentInfo& s
   out.is_large = !segment.small;
   out.is_expandable = segment.growable;  // the core lists each mapped stretch as a segment of its own
   out.owner_private_pool_id = torch_compat::to_torch(segment.pool);
-  out.context_when_allocated = history.segment_context(device, segment.addr);
+  out.context_when_allocated = history.context(History::kSegments, device, segment.addr);
   for (const BlockInfo& block : segment.blocks) {
     torch_compat::TorchBlockInfo info;
     info.size = block.size;
@@ -25,7 +25,7 @@ torch_compat::TorchSegmentInfo to_torch_segment(int device, const SegmentInfo& s
     info.allocated = block.state == BlockInfo::kAllocated;
     info.active = block.state != BlockInfo::kFree;
     if (info.allocated) {
-      info.context_when_allocated = history.block_context(device, block.addr);
+      info.context_when_allocated = history.context(History::kBlocks, device, block.addr);
       out.allocated_size += block.size;
       out.requested_size += block.requested;
     }

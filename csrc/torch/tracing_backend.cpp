@@ -1,5 +1,7 @@
 #include "torch/tracing_backend.h"
 
+#include "core/errors.h"
+
 namespace gpumem {
 
 namespace {
@@ -9,16 +11,6 @@ struct RequestState {
   History::Context context;
 };
 thread_local RequestState request;
-
-// What the history is told must not fail the memory operation it describes: the device has
-// handed the memory out (or taken it back) already, and the core's rollback would lose count of it.
-template <class F>
-void tell(F&& f) noexcept {
-  try {
-    f();
-  } catch (...) {
-  }
-}
 
 }  // namespace
 
@@ -32,15 +24,17 @@ TracingBackend::Request::~Request() {
   request.context = nullptr;
 }
 
+// What the history is told must not fail the memory operation it describes (quietly): the device
+// has handed the memory out (or taken it back) already, and the core's rollback would lose count.
 // Segments remember the stack of the request that made them; a release carries the request's
 // stack (empty_cache's, when recording keeps freeing stacks) or else the one that made it.
 void* TracingBackend::reserve(int device, std::size_t bytes) {
   void* ptr = inner_.reserve(device, bytes);
   if (ptr && history_.active()) {
     const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-    tell([&] {
+    quietly([&] {
       history_.record(History::Action::SEGMENT_ALLOC, device, addr, bytes, request.stream, {}, request.context);
-      history_.remember_segment(device, addr, request.context);
+      history_.remember(History::kSegments, device, addr, request.context);
     });
   }
   return ptr;
@@ -49,8 +43,8 @@ void* TracingBackend::reserve(int device, std::size_t bytes) {
 void TracingBackend::release(int device, void* ptr, std::size_t bytes) {
   if (history_.active()) {
     const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-    tell([&] {
-      History::Context made = history_.forget_segment(device, addr);
+    quietly([&] {
+      History::Context made = history_.forget(History::kSegments, device, addr);
       history_.record(History::Action::SEGMENT_FREE, device, addr, bytes, request.stream, {},
                       request.context ? request.context : made);
     });
@@ -62,9 +56,9 @@ bool TracingBackend::map(int device, void* ptr, std::size_t bytes) {
   const bool mapped = inner_.map(device, ptr, bytes);
   if (mapped && history_.active()) {
     const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-    tell([&] {
+    quietly([&] {
       history_.record(History::Action::SEGMENT_MAP, device, addr, bytes, request.stream, {}, request.context);
-      history_.remember_segment(device, addr, request.context);
+      history_.remember(History::kSegments, device, addr, request.context);
     });
   }
   return mapped;
@@ -73,8 +67,8 @@ bool TracingBackend::map(int device, void* ptr, std::size_t bytes) {
 void TracingBackend::unmap(int device, void* ptr, std::size_t bytes) {
   if (history_.active()) {
     const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-    tell([&] {
-      History::Context made = history_.forget_segment(device, addr);
+    quietly([&] {
+      History::Context made = history_.forget(History::kSegments, device, addr);
       history_.record(History::Action::SEGMENT_UNMAP, device, addr, bytes, request.stream, {},
                       request.context ? request.context : made);
     });
