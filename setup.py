@@ -41,6 +41,7 @@ TORCH_FEATURES = [
     ("TRACE_ENTRY_USER_METADATA", "*", r"std::stringuser_metadata_;"),
     ("ROUNDUP_DIVISIONS", "c10/core/AllocatorConfig.h", r"staticsize_troundup_power2_divisions\(size_tsize\)"),
     ("CAPTURE_RECORD_STREAM_REUSE", "c10/cuda/CUDAAllocatorConfig.h", r"staticboolgraph_capture_record_stream_reuse\(\)"),
+    ("FRACTION_SETTING", "c10/cuda/CUDAAllocatorConfig.h", r"staticdoubleper_process_memory_fraction\(\)"),
 ]
 ALLOCATOR_HEADERS = ["c10/cuda/CUDACachingAllocator.h", "c10/core/CachingDeviceAllocator.h"]
 

@@ -160,20 +160,46 @@ void forget_mapped(std::map<std::uintptr_t, std::size_t>& mapped, std::uintptr_t
 
 }  // namespace
 
-CudaBackend::CudaBackend() {
-  if (cudaGetDeviceCount(&device_count_) != cudaSuccess) {
-    cudaGetLastError();
-    device_count_ = 0;
-  }
-  spare_events_.resize(device_count_);
-  vm_.resize(device_count_);
+// Note [no CUDA before first use]
+//   The backend is made when gpumem is installed, which GPUMEM_LIMIT does at torch's import. Counting
+//   the devices starts the driver (cuInit): after that, CUDA_VISIBLE_DEVICES set by the program is
+//   ignored and a forked child cannot use CUDA. So nothing here calls CUDA until a caller needs the
+//   devices: the count is taken once, on first ask.
+int CudaBackend::device_count() const {
+  std::call_once(counted_, [this] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      cudaGetLastError();
+      count = 0;
+    }
+    spare_events_.resize(count);
+    vm_.resize(count);
+    totals_ = std::vector<std::optional<std::size_t>>(count);
+    device_count_ = count;
+  });
+  return device_count_;
 }
 
 void CudaBackend::check_device(int device) const {
-  if (device < 0 || device >= device_count_) {
+  const int count = device_count();
+  if (device < 0 || device >= count) {
     throw DeviceError("gpumem: CUDA device " + std::to_string(device) + " does not exist; this process sees " +
-                      std::to_string(device_count_) + " (CUDA_VISIBLE_DEVICES applies)");
+                      std::to_string(count) + " (CUDA_VISIBLE_DEVICES applies)");
   }
+}
+
+// cudaMemGetInfo makes the device's context (hundreds of MiB on every device it is asked of); the
+// device's properties need none, and give the same total.
+std::size_t CudaBackend::total_memory(int device) {
+  check_device(device);
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::optional<std::size_t>& total = totals_[device];
+  if (!total) {
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    total = prop.totalGlobalMem;
+  }
+  return *total;
 }
 
 void* CudaBackend::reserve(int device, std::size_t bytes) {

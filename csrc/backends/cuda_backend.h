@@ -15,12 +15,12 @@ namespace gpumem {
 
 class CudaBackend : public Backend {
  public:
-  CudaBackend();
 
-  int device_count() const override { return device_count_; }
+  int device_count() const override;  // counted on first ask: see Note [no CUDA before first use]
   void* reserve(int device, std::size_t bytes) override;
   void release(int device, void* ptr, std::size_t bytes) override;
   MemInfo mem_info(int device) override;
+  std::size_t total_memory(int device) override;
   EventId record_event(int device, StreamId stream) override;
   bool event_done(int device, EventId event) override;
   void destroy_event(int device, EventId event) override;
@@ -56,11 +56,14 @@ class CudaBackend : public Backend {
   void check_device(int device) const;
   std::size_t mapping_page(int device);  // page_size, throwing where there is none
 
-  int device_count_ = 0;
-  std::mutex mutex_;
-  std::vector<std::vector<EventId>> spare_events_;  // per device; events are reused, not recreated
-  std::mutex vm_mutex_;                             // guards vm_
-  std::vector<VirtualMemory> vm_;                   // per device
+  // Sized when the devices are counted (device_count()); until then empty.
+  mutable std::once_flag counted_;
+  mutable int device_count_ = 0;
+  std::mutex mutex_;                                             // guards spare_events_, totals_
+  mutable std::vector<std::vector<EventId>> spare_events_;       // per device; events are reused
+  mutable std::vector<std::optional<std::size_t>> totals_;       // per device, once asked
+  std::mutex vm_mutex_;                                          // guards vm_
+  mutable std::vector<VirtualMemory> vm_;                        // per device
 };
 
 }  // namespace gpumem

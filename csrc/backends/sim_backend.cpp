@@ -131,6 +131,12 @@ MemInfo SimBackend::mem_info(int device) {
   return MemInfo{capacity_ - d.ledger.in_use, capacity_};
 }
 
+std::size_t SimBackend::total_memory(int device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  device_locked(device);  // throws for a device that is not there
+  return capacity_;
+}
+
 // ---- Virtual memory ---------------------------------------------------------------------------
 
 std::size_t SimBackend::page_size(int device) {

@@ -37,6 +37,7 @@ class SimBackend : public Backend {
   void* reserve(int device, std::size_t bytes) override;
   void release(int device, void* ptr, std::size_t bytes) override;
   MemInfo mem_info(int device) override;
+  std::size_t total_memory(int device) override;
   EventId record_event(int device, StreamId stream) override;
   bool event_done(int device, EventId event) override;
   void destroy_event(int device, EventId event) override;

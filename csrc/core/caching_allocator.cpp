@@ -5,10 +5,41 @@
 namespace gpumem {
 
 CachingAllocator::CachingAllocator(Backend& backend, AllocatorConfig defaults)
-    : backend_(backend),
-      configs_(backend.device_count(), defaults),
-      devices_(backend.device_count()),
-      ready_(backend.device_count()) {}
+    : backend_(backend), defaults_(defaults) {}
+
+int CachingAllocator::count_devices() const {
+  std::call_once(counted_, [this] {
+    const int count = backend_.device_count();
+    configs_.assign(count, defaults_);
+    devices_.resize(count);
+    ready_ = std::vector<std::atomic<DeviceAllocator*>>(count);
+    ready_count_.store(static_cast<unsigned>(count), std::memory_order_release);
+    count_.store(count, std::memory_order_release);
+  });
+  return count_.load(std::memory_order_acquire);
+}
+
+void CachingAllocator::defer_setup(std::function<void(CachingAllocator&)> setup) {
+  std::lock_guard<std::recursive_mutex> lock(setup_mutex_);
+  setup_ = std::move(setup);
+  setup_pending_.store(static_cast<bool>(setup_), std::memory_order_release);
+}
+
+void CachingAllocator::run_setup() {
+  if (!setup_pending_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::recursive_mutex> lock(setup_mutex_);
+  if (!setup_pending_.load(std::memory_order_relaxed) || setup_running_) return;
+  setup_running_ = true;
+  try {
+    setup_(*this);
+  } catch (...) {
+    setup_running_ = false;
+    throw;
+  }
+  setup_running_ = false;
+  setup_ = nullptr;
+  setup_pending_.store(false, std::memory_order_release);
+}
 
 void CachingAllocator::check_index(int index) const {
   if (index >= 0 && index < device_count()) return;
@@ -16,9 +47,9 @@ void CachingAllocator::check_index(int index) const {
   throw DeviceError("gpumem: device " + std::to_string(index) + " does not exist; " + range);
 }
 
-DeviceAllocator& CachingAllocator::device(int index) {
+DeviceAllocator& CachingAllocator::make_device(int index) {
   check_index(index);
-  if (DeviceAllocator* ready = ready_[index].load(std::memory_order_acquire)) return *ready;
+  run_setup();
   std::lock_guard<std::mutex> lock(create_mutex_);
   if (!devices_[index]) {
     devices_[index] = std::make_unique<DeviceAllocator>(backend_, index, configs_[index]);
@@ -32,13 +63,22 @@ DeviceAllocator* CachingAllocator::existing(int index) const {
   return ready_[index].load(std::memory_order_acquire);
 }
 
+AllocatorConfig CachingAllocator::config(int index) {
+  check_index(index);
+  run_setup();
+  std::lock_guard<std::mutex> lock(create_mutex_);
+  return configs_[index];
+}
+
 void CachingAllocator::configure(int index, const AllocatorConfig& config) {
   check_index(index);
+  run_setup();
   std::lock_guard<std::mutex> lock(create_mutex_);
   if (DeviceAllocator* ready = devices_[index].get()) {
     check_release_threshold(config.release_threshold);  // before anything changes
     ready->set_limit(config.limit);
     ready->set_release_threshold(config.release_threshold);
+    ready->set_growable(config.growable);
   }
   configs_[index] = config;
 }

@@ -1,9 +1,15 @@
 // All devices of one backend: one DeviceAllocator each, created on first use, and a table of raw
 // pointers for callers that free by address (the CUDAAllocator's raw_alloc / raw_delete).
+//
+// Nothing is asked of the backend until a caller needs a device (see Note [no CUDA before first
+// use] in backends/cuda_backend.cpp): the devices are counted on first need, and a setup handed in
+// before that (defer_setup) runs once, right before the first device's allocator is made or
+// configured.
 #pragma once
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -17,13 +23,34 @@ class CachingAllocator {
  public:
   CachingAllocator(Backend& backend, AllocatorConfig defaults = {});
 
-  int device_count() const { return static_cast<int>(devices_.size()); }
+  Backend& backend() { return backend_; }
+
+  // Counts the devices on the first call (the backend's first call).
+  int device_count() const {
+    const int count = count_.load(std::memory_order_acquire);
+    return count >= 0 ? count : count_devices();
+  }
   // Throws DeviceError naming the index and the devices there are.
-  DeviceAllocator& device(int index);
+  DeviceAllocator& device(int index) {
+    if (static_cast<unsigned>(index) < ready_count_.load(std::memory_order_acquire)) {
+      if (DeviceAllocator* ready = ready_[index].load(std::memory_order_acquire)) return *ready;
+    }
+    return make_device(index);
+  }
   // The device's allocator if it was created; nullptr otherwise (nothing allocated there yet).
   DeviceAllocator* existing(int index) const;
   // Settings for a device: applied now if its allocator exists, else when it is created.
   void configure(int index, const AllocatorConfig& config);
+  // The config a device has, or will be created with.
+  AllocatorConfig config(int index);
+
+  // `setup` runs once, before the first device is made or configured, with the devices countable;
+  // it typically configures them from settings read earlier. If it throws, nothing is made, the
+  // error reaches the caller, and it runs again at the next such call: a device is never made
+  // without it. Replaces a setup that has not run yet.
+  void defer_setup(std::function<void(CachingAllocator&)> setup);
+  // Runs the deferred setup now, if it has not run.
+  void run_setup();
 
   Block* malloc(int device, std::size_t size, StreamId stream, std::size_t at_least = 0) {
     return this->device(device).malloc(size, stream, at_least);
@@ -47,12 +74,24 @@ class CachingAllocator {
     return shards_[(reinterpret_cast<std::uintptr_t>(ptr) >> 9) % kShards];
   }
   void check_index(int index) const;
+  int count_devices() const;
+  DeviceAllocator& make_device(int index);
 
   Backend& backend_;
-  mutable std::mutex create_mutex_;
-  std::vector<AllocatorConfig> configs_;
-  std::vector<std::unique_ptr<DeviceAllocator>> devices_;
-  std::vector<std::atomic<DeviceAllocator*>> ready_;
+  const AllocatorConfig defaults_;
+  // Sized when the devices are counted; count_ is -1 until then, ready_count_ 0.
+  mutable std::once_flag counted_;
+  mutable std::atomic<int> count_{-1};
+  mutable std::atomic<unsigned> ready_count_{0};
+  mutable std::mutex create_mutex_;  // guards configs_, devices_
+  mutable std::vector<AllocatorConfig> configs_;
+  mutable std::vector<std::unique_ptr<DeviceAllocator>> devices_;
+  mutable std::vector<std::atomic<DeviceAllocator*>> ready_;
+  // The deferred setup. Recursive: the setup itself configures devices, which would run it.
+  std::recursive_mutex setup_mutex_;
+  std::function<void(CachingAllocator&)> setup_;
+  bool setup_running_ = false;
+  std::atomic<bool> setup_pending_{false};
   mutable std::array<Shard, kShards> shards_;
 };
 

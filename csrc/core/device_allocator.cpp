@@ -40,7 +40,7 @@ void for_each_stretch(const Segment& segment, F f) {
 
 DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorConfig& config)
     : backend_(backend), device_(device), backend_source_(backend, device), cap_(0), release_threshold_(0.0) {
-  device_total_ = backend_.mem_info(device).total;
+  device_total_ = backend_.total_memory(device);
   check_release_threshold(config.release_threshold);
   if (config.limit && *config.limit > device_total_) {
     throw LimitSpecError("gpumem: limit of " + format_bytes(*config.limit) + " is above device " +

@@ -3,7 +3,8 @@
 //   - the limit grammar (parse_limit, parse_limit_assignments, limit_forms, format_bytes);
 //   - the process's allocator over CUDA (install, set_limit, set_growable, stats, ...): every
 //     function works before install(); a device's allocator is made on first use, so a limit or
-//     segment kind set early holds from torch's first CUDA allocation on;
+//     segment kind set early holds from torch's first CUDA allocation on. install() and
+//     is_installed() touch no CUDA; device_count() starts the driver; the rest need a device;
 //   - SimAllocator: the same core over a simulated device, for tests and trace replay (no GPU);
 //     with page_size > 0 the device maps pages, and growable segments are in use by default.
 // Errors: LimitSpecError and DeviceError -> ValueError; gpumem's OutOfMemoryError ->
@@ -19,6 +20,7 @@
 #include "core/errors.h"
 #include "core/limit_spec.h"
 #include "torch/install.h"
+#include "torch/startup.h"
 
 namespace py = pybind11;
 
@@ -126,12 +128,19 @@ void bind_limits(py::module_& m) {
     return out;
   }, py::arg("text"), "GPUMEM_LIMIT's entries as (device, spec); device -1 means every device.");
   m.def("format_bytes", &format_bytes, py::arg("n"));
+  m.def("resolve_limit_text", &resolve_limit_text, py::arg("text"), py::arg("totals"),
+        "GPUMEM_LIMIT's bytes for devices of these totals (None: no limit), as applied at first use; "
+        "ValueError naming GPUMEM_LIMIT if it does not fit them.");
 }
 
 void bind_process_allocator(py::module_& m) {
   using Release = py::call_guard<py::gil_scoped_release>;
   auto core = []() -> CachingAllocator& { return process_allocator().core(); };
-  m.def("install", &install, "Makes gpumem torch's CUDA allocator; RuntimeError if torch's own already served memory.");
+  m.def("install", [](std::optional<std::string> limits, std::optional<bool> growable) {
+    install(StartupSettings{std::move(limits), growable});
+  }, py::arg("limits") = py::none(), py::arg("growable") = py::none(),
+        "Makes gpumem torch's CUDA allocator, touching no CUDA; GPUMEM_LIMIT's text and GPUMEM_SEGMENTS's kind "
+        "apply when the devices are first used. RuntimeError if torch's own allocator already served memory.");
   m.def("is_installed", &is_installed);
   m.def("device_count", [core] { return core().device_count(); });
   m.def("set_limit", [core](int device, const std::string& spec) { core().device(device).set_limit(std::string_view(spec)); },
@@ -167,6 +176,8 @@ void bind_process_allocator(py::module_& m) {
     const MemInfo info = core().device(device).device_mem_info();
     return std::make_pair(info.free, info.total);
   }, py::arg("device"), "(free, total) bytes of the device itself, as CUDA reports them.");
+  m.def("device_total", [core](int device) { return core().backend().total_memory(device); }, py::arg("device"),
+        "The device's memory in bytes; makes no allocator and no CUDA context.");
   m.def("largest_free_block", [core](int device) {
     const DeviceAllocator* d = core().existing(device);
     return d ? d->largest_free_block() : std::size_t{0};

@@ -38,10 +38,10 @@ void warn_from_deleter(const char* what) noexcept {
 
 TorchAllocator::TorchAllocator(Backend& backend, std::unique_ptr<CudaContext> context, AllocatorConfig defaults)
     : context_(std::move(context)),
-      history_(backend.device_count()),
+      history_(kMaxDevices),
       traced_(backend, history_),
       core_(traced_, defaults),
-      pool_blocks_(backend.device_count()) {
+      pool_blocks_(kMaxDevices) {
   std::lock_guard<std::mutex> lock(adapters_mutex());
   adapters().push_back(this);
 }
@@ -302,8 +302,11 @@ void TorchAllocator::record_stream(const DataPtr& ptr, StreamId stream) {
 // ---- lifecycle and observers ----
 
 void TorchAllocator::init(int /*device_count*/) {
-  // torch's lazy CUDA init calls this once per swap; gpumem's devices come from its backend, and
-  // each device's allocator is made on first use, so there is nothing to size here.
+  // torch's lazy CUDA init calls this once it has counted the devices; gpumem's come from its
+  // backend, and each device's allocator is made on first use. What the settings read at install
+  // need of the devices (a percentage, a device number) is checked now, so that a bad one is an
+  // error at torch's init; it throws again at each later init until fixed.
+  with_c10_errors([&] { core_.run_setup(); });
   initialized_.store(true);
 }
 
@@ -313,7 +316,7 @@ void TorchAllocator::enable(bool value) { enabled_.store(value); }
 
 bool TorchAllocator::isEnabled() const { return enabled_.load(); }
 
-std::string TorchAllocator::name() { return "gpumem"; }
+std::string TorchAllocator::name() { return "native"; }
 
 void TorchAllocator::attachOutOfMemoryObserver(OutOfMemoryObserver observer) {
   std::lock_guard<std::mutex> lock(observers_mutex_);

@@ -17,6 +17,11 @@
 //    pool, so the Block behind an address changes while tensors made before the restore live on
 //    and must free the block that stands at their address now.
 //  - Device and stream come through CudaContext so the tests run with no GPU and no driver.
+//  - Nothing reaches CUDA before torch's lazy init or the first allocation (Note [no CUDA before
+//    first use], backends/cuda_backend.cpp): per-device tables have room for every device torch can
+//    number, and init() runs the core's deferred setup (the settings read at install, torch/startup.h).
+//  - name() is "native": gpumem stands in for torch's native allocator, and torch's settings
+//    parser refuses `backend:native` in PYTORCH_CUDA_ALLOC_CONF unless the allocator is so named.
 //  - Errors leave as c10 errors, which Python maps: the core's OutOfMemoryError becomes
 //    c10::OutOfMemoryError (torch.OutOfMemoryError) with gpumem's message, LimitSpecError and
 //    DeviceError become c10::ValueError, anything else c10::Error.
@@ -50,6 +55,8 @@ namespace gpumem {
 
 class TorchAllocator final : public torch_compat::CUDAAllocator {
  public:
+  static constexpr int kMaxDevices = C10_COMPILE_TIME_MAX_GPUS;
+
   using DataPtr = c10::DataPtr;
   using DeviceIndex = c10::DeviceIndex;
   using MempoolId = torch_compat::TorchPoolId;

@@ -193,10 +193,10 @@ History::Context History::context(Table table, int device, std::uintptr_t addr) 
   return it == map.end() ? nullptr : it->second;
 }
 
-std::vector<std::vector<TraceEntry>> History::traces() const {
+std::vector<std::vector<TraceEntry>> History::traces(int devices) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<std::vector<TraceEntry>> out(rings_.size());
-  for (std::size_t d = 0; d < rings_.size(); ++d) {
+  std::vector<std::vector<TraceEntry>> out(devices);
+  for (std::size_t d = 0; d < out.size() && d < rings_.size(); ++d) {
     const Ring& ring = rings_[d];
     const std::size_t n = ring.entries.size();
     out[d].reserve(n);

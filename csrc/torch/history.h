@@ -79,7 +79,8 @@ class History {
   std::string user_metadata() const;
 
   // Entries per device, oldest first, times in microseconds since the epoch.
-  std::vector<std::vector<torch_compat::TorchTraceEntry>> traces() const;
+  // One list per device, for the first `devices` devices.
+  std::vector<std::vector<torch_compat::TorchTraceEntry>> traces(int devices) const;
 
  private:
   struct Ring {

@@ -14,6 +14,12 @@ const char* const kTooLateToInstall =
     "Import gpumem and call gpumem.set_limit() before the first CUDA tensor, or set GPUMEM_LIMIT before the "
     "program starts.";
 
+const char* const kAsyncBackendChosen =
+    "PyTorch's allocator settings (PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF) choose its cudaMallocAsync "
+    "backend, which would take CUDA memory past gpumem's cap, so gpumem cannot be installed. Remove "
+    "backend:cudaMallocAsync from them to run under gpumem's cap, or unset GPUMEM_LIMIT and do not call gpumem "
+    "to run on cudaMallocAsync.";
+
 namespace {
 
 struct ProcessAllocator {
@@ -35,12 +41,14 @@ TorchAllocator& process_allocator() {
 
 bool is_installed() { return c10::cuda::CUDACachingAllocator::allocator.load() == &process_allocator(); }
 
-void install() {
+void install(StartupSettings settings) {
   TorchAllocator& ours = process_allocator();
   std::lock_guard<std::mutex> lock(install_mutex());
   c10::cuda::CUDACachingAllocator::CUDAAllocator* current = c10::cuda::CUDACachingAllocator::allocator.load();
   if (current == &ours) return;
   if (current && current->initialized()) throw std::runtime_error(kTooLateToInstall);
+  if (current && current->name() == "cudaMallocAsync") throw std::runtime_error(kAsyncBackendChosen);
+  ours.core().defer_setup(startup_setup(std::move(settings)));
   // The shared_ptr torch keeps must never delete the allocator: it lives as long as the process.
   std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> handle(&ours, [](auto*) {});
   try {

@@ -10,6 +10,7 @@
 // the core's free, so the core's device lock is never held while this one is taken.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
@@ -23,10 +24,13 @@ class PoolBlocks {
  public:
   using Map = std::unordered_map<std::uintptr_t, Block*>;
 
+  // Room for `devices` devices; the lookups by address search those that ever had a block.
   explicit PoolBlocks(int devices) : devices_(devices) {}
 
   void add(int device, Block* block) {
     Device& d = devices_[device];
+    for (int used = used_.load(); used <= device && !used_.compare_exchange_weak(used, device + 1);) {
+    }
     std::lock_guard<std::mutex> lock(d.mutex);
     d.blocks.emplace(block->addr, block);
   }
@@ -73,7 +77,7 @@ class PoolBlocks {
     std::lock_guard<std::mutex> lock(d.mutex);
     return f(d.blocks);
   }
-  int device_count() const { return static_cast<int>(devices_.size()); }
+  int device_count() const { return used_.load(); }
 
  private:
   struct Device {
@@ -81,6 +85,7 @@ class PoolBlocks {
     Map blocks;
   };
   std::vector<Device> devices_;
+  std::atomic<int> used_{0};  // 1 + the highest device a block was ever added on
 };
 
 }  // namespace gpumem

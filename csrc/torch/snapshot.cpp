@@ -48,7 +48,7 @@ TorchAllocator::SnapshotInfo TorchAllocator::snapshot_of(MempoolId mempool_id, b
       if (only.is_default() || segment.pool == only) info.segments.push_back(to_torch_segment(d, segment, history_));
     }
   }
-  info.device_traces = include_traces ? history_.traces()
+  info.device_traces = include_traces ? history_.traces(core_.device_count())
                                       : std::vector<std::vector<torch_compat::TorchTraceEntry>>(core_.device_count());
   info.config_metadata.last_allocator_settings = "gpumem";
   return info;

@@ -75,7 +75,13 @@ def get_segments(device: Device = None) -> str:
 
 def enable() -> None:
     """Installs gpumem as PyTorch's CUDA allocator, with GPUMEM_LIMIT's limits and GPUMEM_SEGMENTS's
-    segment kind where they are set."""
+    segment kind where they are set.
+
+    Starts no CUDA: GPUMEM_LIMIT's syntax is checked now (ValueError), and what it means on the
+    devices when they are first used (torch's CUDA init, or the next gpumem call that names a
+    device), which raise if it does not fit them. torch's allocator settings apply then too (see
+    docs/usage.md, "Which setting wins").
+    """
     with _lock:
         _enable_locked()
 
@@ -114,12 +120,9 @@ def _enable_locked() -> None:
     if _C.is_installed():
         return
     _refuse_if_torch_allocator_in_use()
-    limits = _env.limits()
-    growable = _env.segments()
-    _C.install()
-    _apply(limits)
-    if growable is not None:
-        _apply_segments(range(_C.device_count()), growable)
+    # Touches no CUDA: the compiled layer applies GPUMEM_LIMIT and GPUMEM_SEGMENTS (and torch's own
+    # allocator settings) when the devices are first used, before any later gpumem call.
+    _C.install(_env.limit_text(), _env.segments())
 
 
 def _refuse_if_torch_allocator_in_use() -> None:

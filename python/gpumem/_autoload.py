@@ -5,19 +5,21 @@ GPUMEM_LIMIT is set) calls `install()` right after torch's own import has finish
 program can allocate CUDA memory. `state` says what it did, for tests and for people debugging:
 
     "not run"                      torch has not been imported, or GPUMEM_LIMIT was not set
-    "installed"                    gpumem is the CUDA allocator, with GPUMEM_LIMIT's limits
-    "no CUDA device"               nothing to cap; the program runs on, and nothing is printed
+    "installed"                    gpumem is the CUDA allocator; GPUMEM_LIMIT's limits apply when
+                                   the devices are first used
     "skipped: the gpumem command"  see _is_the_gpumem_command
 
-A GPUMEM_LIMIT that cannot be applied stops the program with exit status 2 and one line on
-stderr, `gpumem: bad GPUMEM_LIMIT "4XB": ...`, rather than let it run without the cap. So does a
-bad GPUMEM_SEGMENTS (`gpumem: bad GPUMEM_SEGMENTS "fast": ...`), which gpumem.enable() applies
-with the limits. GPUMEM_SEGMENTS alone does not install gpumem: it says which segments gpumem
-uses once something installs it.
+A GPUMEM_LIMIT whose syntax is bad stops the program with exit status 2 and one line on stderr,
+`gpumem: bad GPUMEM_LIMIT "4XB": ...`, rather than let it run without the cap. So does a bad
+GPUMEM_SEGMENTS (`gpumem: bad GPUMEM_SEGMENTS "fast": ...`). GPUMEM_SEGMENTS alone does not
+install gpumem: it says which segments gpumem uses once something installs it.
 
-Counting the devices, as gpumem.enable() does too, starts the CUDA driver at torch's import in
-every process that has GPUMEM_LIMIT set (DataLoader workers started by spawn, say). CUDA cannot
-be used in a child forked after that, as after torch.cuda.is_available().
+Installing touches no CUDA, as `import torch` does not: CUDA_VISIBLE_DEVICES set after the import
+still applies, and a child forked before CUDA is used can use it. What GPUMEM_LIMIT means on the
+devices (a percentage, a device number, a size above a device's memory) is worked out at torch's
+CUDA init; one that does not fit makes that init, and every CUDA allocation after it, raise
+`gpumem: bad GPUMEM_LIMIT "...": ...` (no memory is handed out without the cap). On a machine
+without a CUDA device nothing is ever asked of one, and nothing is printed.
 
 Note [when a bad GPUMEM_LIMIT is caught]
   At torch's import, not at interpreter start-up. The limit grammar is gpumem._C's, in C++, and
@@ -26,7 +28,8 @@ Note [when a bad GPUMEM_LIMIT is caught]
   it. And a GPUMEM_LIMIT left in a shell does not break Python programs that never use torch
   (pip, say). The syntax is checked before anything else, so a typo stops the program on a
   machine without a GPU too; what depends on the devices (a limit above a device's memory, a
-  device that does not exist) is checked by gpumem.enable(), where there are devices.
+  device that does not exist) is checked at torch's CUDA init, the first moment the devices may
+  be asked without changing what the program sees.
 """
 from __future__ import annotations
 
@@ -35,10 +38,9 @@ import re
 import sys
 from typing import Optional
 
-from gpumem import _C, _api, _env
+from gpumem import _api, _env
 
 EXIT_BAD_LIMIT = 2
-_ANY_TOTAL = 1 << 62  # checks a spec's syntax: every real device is smaller
 
 state = "not run"
 
@@ -55,13 +57,8 @@ def install() -> None:
         return
     _stop_if_bad(text, _syntax_error(text))
     _stop_if_bad_segments()
-    if _C.device_count() == 0:
-        state = "no CUDA device"
-        return
     try:
         _api.enable()
-    except ValueError as error:  # a limit above a device's memory, a device that is not there
-        _stop_if_bad(text, str(error))
     except Exception as error:  # noqa: BLE001: whatever it is, the program must not run uncapped
         _stop(f"gpumem: GPUMEM_LIMIT={text!r} is set but gpumem could not be installed "
               f"({_without_prefixes(str(error), text)}); the program stops rather than run without "
@@ -71,8 +68,7 @@ def install() -> None:
 
 def _syntax_error(text: str) -> Optional[str]:
     try:
-        for _, spec in _C.parse_limit_assignments(text):
-            _C.parse_limit(spec, _ANY_TOTAL)
+        _env.limit_text({_env.VARIABLE: text})
     except ValueError as error:
         return str(error)
     return None

@@ -50,7 +50,7 @@ def targets(device: Device) -> list[int]:
 
 def total(device: int) -> int:
     """The device's memory in bytes: what percentages and fractions in a limit are of."""
-    return _C.mem_info(device)[1]
+    return _C.device_total(device)
 
 
 def _parse(text: str) -> torch.device:

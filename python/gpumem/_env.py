@@ -1,7 +1,11 @@
-"""The environment's settings, applied when gpumem is installed.
+"""The environment's settings, handed to gpumem when it is installed.
 
     GPUMEM_LIMIT     the limits: "4GB" for every device, or per device "0:4GB,1:8GB"
     GPUMEM_SEGMENTS  the segment kind on every device: "growable" or "plain"
+
+Installing touches no CUDA: the syntax is checked then (`limit_text`), and what depends on the
+devices (a percentage, a device number, a size above a device's memory) when the devices are first
+used, by the compiled layer (see `limits` for the same check on demand).
 """
 from __future__ import annotations
 
@@ -12,10 +16,26 @@ from gpumem import _C, _devices, _limits, _segments
 
 VARIABLE = "GPUMEM_LIMIT"
 SEGMENTS_VARIABLE = "GPUMEM_SEGMENTS"
+_ANY_TOTAL = 1 << 62  # checks a spec's syntax: every real device is smaller
+
+
+def limit_text(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """GPUMEM_LIMIT's value (None when unset), its syntax checked without asking any device; a bad
+    one raises ValueError naming the variable, its value and the accepted forms."""
+    text = environ.get(VARIABLE)
+    if text is None:
+        return None
+    try:
+        for _, spec in _C.parse_limit_assignments(text):
+            _C.parse_limit(spec, _ANY_TOTAL)
+    except ValueError as error:
+        raise ValueError(f"gpumem: {VARIABLE}={text!r} cannot be applied: {error}") from None
+    return text
 
 
 def limits(environ: Mapping[str, str] = os.environ) -> dict[int, Optional[int]]:
-    """Bytes per device from GPUMEM_LIMIT ({} when it is unset); a bad value raises ValueError."""
+    """Bytes per device from GPUMEM_LIMIT ({} when it is unset), asking the devices; a bad value
+    raises ValueError."""
     text = environ.get(VARIABLE)
     if text is None:
         return {}

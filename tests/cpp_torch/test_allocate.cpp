@@ -202,9 +202,9 @@ TEST_CASE("init is idempotent and makes initialized true", "[torch][lifecycle]")
   REQUIRE(sim.adapter.initialized());
 }
 
-TEST_CASE("name is gpumem", "[torch][lifecycle]") {
+TEST_CASE("name is native, so that torch's settings may say backend:native", "[torch][lifecycle]") {
   SimAdapter sim;
-  REQUIRE(sim.adapter.name() == "gpumem");
+  REQUIRE(sim.adapter.name() == "native");
 }
 
 TEST_CASE("CUDA IPC is refused with a message that says gpumem does not support it", "[torch][ipc]") {

@@ -30,6 +30,9 @@ class FakeC:
         self.sims = [_C.SimAllocator(total, page_size=page) for total, page in zip(totals, self.page_sizes)]
         self.installed = False
         self.install_calls = 0
+        self.install_args: list[tuple] = []
+        self.device_count_calls = 0
+        self._pending = None  # (GPUMEM_LIMIT text, growable) until a device is first used
         self.release_thresholds = [0.0] * len(totals)
         self.peak_resets: list[int] = []
 
@@ -47,7 +50,11 @@ class FakeC:
 
     # ---- the _C interface -----------------------------------------------------------------------
 
-    def install(self) -> None:
+    def install(self, limits=None, growable=None) -> None:
+        # As the compiled layer: settings are kept, and applied when a device is first used.
+        if not self.installed:
+            self._pending = (limits, growable)
+            self.install_args.append((limits, growable))
         self.installed = True
         self.install_calls += 1
 
@@ -55,7 +62,15 @@ class FakeC:
         return self.installed
 
     def device_count(self) -> int:
+        self.device_count_calls += 1
         return len(self.totals)
+
+    resolve_limit_text = staticmethod(_C.resolve_limit_text)
+
+    def device_total(self, device: int) -> int:
+        if not 0 <= device < len(self.totals):
+            raise ValueError(f"fake _C: device {device} is not in 0..{len(self.sims) - 1}")
+        return self.totals[device]
 
     def mem_info(self, device: int) -> tuple[int, int]:
         sim = self._sim(device)
@@ -106,7 +121,22 @@ class FakeC:
     def _sim(self, device: int):
         if not 0 <= device < len(self.sims):
             raise ValueError(f"fake _C: device {device} is not in 0..{len(self.sims) - 1}")
+        self._run_setup()
         return self.sims[device]
+
+    def _run_setup(self) -> None:
+        """The deferred setup, with the compiled layer's own resolution of GPUMEM_LIMIT; if it
+        raises, nothing changed and it runs again at the next use."""
+        if self._pending is None:
+            return
+        text, growable = self._pending
+        limits = _C.resolve_limit_text(text, self.totals) if text is not None else [None] * len(self.sims)
+        self._pending = None
+        for sim, nbytes in zip(self.sims, limits):
+            if nbytes is not None:
+                sim.set_limit_bytes(0, nbytes)
+            if growable is not None:
+                sim.set_growable(0, growable)
 
 
 def use_fake_c(monkeypatch, fake: FakeC) -> None:

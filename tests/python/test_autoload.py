@@ -25,8 +25,8 @@ PTH = "gpumem-autoload.pth"
 # What a program reports once it has run: is gpumem loaded, and what did the hook do.
 REPORT = ("import json, sys; autoload = sys.modules.get('gpumem._autoload'); "
           "print(json.dumps(['gpumem' in sys.modules, getattr(autoload, 'state', None)]))")
-# With a GPU the hook installs gpumem; on this CPU machine it finds no device and stays quiet.
-EXPECTED_STATE = "installed" if _C.device_count() else "no CUDA device"
+# The hook installs gpumem with or without a GPU: installing asks no device.
+EXPECTED_STATE = "installed"
 
 
 def python(code: str, limit: str | None = None, *options: str) -> subprocess.CompletedProcess:
@@ -137,10 +137,12 @@ def test_the_hook_leaves_the_import_system_once_it_has_run():
 
 
 @pytest.mark.skipif(_C.device_count() > 0, reason="checks the machine without a CUDA device")
-def test_without_a_cuda_device_a_torch_program_runs_on_and_nothing_is_printed():
-    completed = python(f"import torch\nprint(torch.ones(3).sum().item())\n{REPORT}", "4GB")
+@pytest.mark.parametrize("limit", ["4GB", "50%", "3:1GB"])
+def test_without_a_cuda_device_a_torch_program_runs_on_and_nothing_is_printed(limit):
+    # Nothing asks a device until CUDA is used, so limits that need one are never looked at.
+    completed = python(f"import torch\nprint(torch.ones(3).sum().item())\n{REPORT}", limit)
     assert completed.stdout.splitlines()[0] == "3.0"
-    assert reported(completed) == [True, "no CUDA device"]
+    assert reported(completed) == [True, "installed"]
     assert gpumem_lines(completed.stderr) == []
 
 
@@ -210,22 +212,37 @@ def test_install_applies_per_device_limits(devices):
     assert fake.limits() == [1 * GiB, 2 * GiB]
 
 
-def test_a_limit_larger_than_the_device_stops_with_status_2(devices, stopped):
+def test_install_asks_no_device_and_hands_the_settings_on(devices):
+    fake = devices("0:1GB,1:25%", segments="plain")
+    _autoload.install()
+    assert fake.install_args == [("0:1GB,1:25%", False)]
+    assert fake.device_count_calls == 0
+
+
+def test_a_limit_larger_than_the_device_is_an_error_at_first_use_naming_it(devices):
     fake = devices("0:9GB")
-    assert stopped().startswith('gpumem: bad GPUMEM_LIMIT "0:9GB": ')
-    assert not fake.installed
+    _autoload.install()
+    assert fake.installed and _autoload.state == "installed"
+    for _ in range(2):  # and at every use after: nothing is handed out without the cap
+        with pytest.raises(ValueError) as caught:
+            fake.malloc(0, 1 << 20)
+        assert str(caught.value).startswith('gpumem: bad GPUMEM_LIMIT "0:9GB": ')
+        assert "fix GPUMEM_LIMIT or unset it" in str(caught.value)
 
 
-def test_a_device_that_is_not_there_stops_with_status_2(devices, stopped):
-    devices("2:1GB")
-    line = stopped()
-    assert line.startswith('gpumem: bad GPUMEM_LIMIT "2:1GB": ') and "no CUDA device 2" in line
+def test_a_device_that_is_not_there_is_an_error_at_first_use_naming_it(devices):
+    fake = devices("2:1GB")
+    _autoload.install()
+    with pytest.raises(ValueError) as caught:
+        fake.get_limit(0)
+    assert str(caught.value).startswith('gpumem: bad GPUMEM_LIMIT "2:1GB": there is no CUDA device 2; '
+                                        "this process sees devices 0..1")
 
 
-def test_without_a_device_nothing_is_installed_and_nothing_printed(devices, capsys):
+def test_without_a_device_it_installs_and_prints_nothing(devices, capsys):
     fake = devices("0:4GB", count=0)
     _autoload.install()
-    assert not fake.installed and _autoload.state == "no CUDA device"
+    assert fake.installed and _autoload.state == "installed"
     assert capsys.readouterr() == ("", "")
 
 

@@ -46,7 +46,7 @@ def test_a_second_enable_does_not_apply_it_again(fake_c, monkeypatch):
     assert fake_c.limits() == [3 * GiB, 3 * GiB]
 
 
-@pytest.mark.parametrize("value", ["lots", "", "0:4GB,0:8GB", "4GB,1:2GB", "0:9GB", "1:-1GB", "150%"])
+@pytest.mark.parametrize("value", ["lots", "", "0:4GB,0:8GB", "4GB,1:2GB", "1:-1GB", "150%"])
 def test_a_bad_value_is_an_error_naming_the_variable_its_value_and_the_forms(fake_c, monkeypatch, value):
     monkeypatch.setenv("GPUMEM_LIMIT", value)
     with pytest.raises(ValueError) as caught:
@@ -72,10 +72,29 @@ def test_a_bad_value_stops_set_limit_too(fake_c, monkeypatch):
     assert fake_c.limits() == [8 * GiB, 8 * GiB]
 
 
-def test_a_device_that_does_not_exist_is_an_error_naming_it(fake_c, monkeypatch):
-    monkeypatch.setenv("GPUMEM_LIMIT", "0:1GB,5:1GB")
-    with pytest.raises(ValueError) as caught:
-        gpumem.enable()
-    message = str(caught.value)
-    assert "GPUMEM_LIMIT" in message and "device 5" in message
-    assert not fake_c.installed
+@pytest.mark.parametrize("value, reason", [("0:1GB,5:1GB", "no CUDA device 5"), ("0:9GB", "more than the device total"),
+                                           ("1:1GB,0:9GB", "more than the device total")])
+def test_what_does_not_fit_the_devices_is_an_error_at_their_first_use(fake_c, monkeypatch, value, reason):
+    # enable() asks no device; the first call that does gets the error, and so does every next one.
+    monkeypatch.setenv("GPUMEM_LIMIT", value)
+    gpumem.enable()
+    for _ in range(2):
+        with pytest.raises(ValueError) as caught:
+            gpumem.get_limit(0)
+        message = str(caught.value)
+        assert message.startswith(f'gpumem: bad GPUMEM_LIMIT "{value}": ') and reason in message
+
+
+def test_what_does_not_fit_the_devices_stops_set_limit_and_changes_nothing(fake_c, monkeypatch):
+    monkeypatch.setenv("GPUMEM_LIMIT", "0:9GB")
+    with pytest.raises(ValueError, match="GPUMEM_LIMIT"):
+        gpumem.set_limit("1GB")
+    monkeypatch.setattr(fake_c, "_pending", None)  # looks at the devices past the setup
+    assert fake_c.limits() == [8 * GiB, 8 * GiB]
+
+
+def test_enable_asks_no_device(fake_c, monkeypatch):
+    monkeypatch.setenv("GPUMEM_LIMIT", "0:1GB,1:50%")
+    gpumem.enable()
+    assert fake_c.device_count_calls == 0
+    assert fake_c.install_args == [("0:1GB,1:50%", None)]

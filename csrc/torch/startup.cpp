@@ -1,0 +1,160 @@
+#include "torch/startup.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "core/errors.h"
+#include "core/limit_spec.h"
+#include "torch/compat.h"
+#if GPUMEM_TORCH_HAS_FRACTION_SETTING
+#include <c10/cuda/CUDAAllocatorConfig.h>
+#endif
+
+namespace gpumem {
+
+namespace {
+
+constexpr std::string_view kLimitVariable = "GPUMEM_LIMIT";
+
+std::string_view trimmed(std::string_view s) {
+  const auto first = s.find_first_not_of(" \t\n\r");
+  if (first == std::string_view::npos) return {};
+  return s.substr(first, s.find_last_not_of(" \t\n\r") - first + 1);
+}
+
+// The reason alone, as the line that names GPUMEM_LIMIT and its value says it: without "gpumem: "
+// and without the spec the grammar's message quotes.
+std::string reason_of(std::string message) {
+  for (const std::string_view prefix : {std::string_view("gpumem: "), std::string_view("bad limit list \""),
+                                        std::string_view("bad limit \"")}) {
+    if (message.rfind(prefix, 0) != 0) continue;
+    message.erase(0, prefix.size());
+    if (prefix.back() == '"') {
+      const auto end = message.find("\": ");
+      if (end != std::string::npos) message.erase(0, end + 3);
+    }
+  }
+  while (!message.empty() && message.back() == '.') message.pop_back();
+  return message;
+}
+
+[[noreturn]] void bad_limit(const std::string& text, const std::string& reason) {
+  throw LimitSpecError("gpumem: bad " + std::string(kLimitVariable) + " \"" + text + "\": " + reason +
+                       ". No CUDA memory is handed out until it is fixed: fix " + std::string(kLimitVariable) +
+                       " or unset it, and start the program again.");
+}
+
+std::optional<std::size_t> lower(std::optional<std::size_t> a, std::optional<std::size_t> b) {
+  if (!a) return b;
+  if (!b) return a;
+  return std::min(*a, *b);
+}
+
+const char* settings_name() {
+  if (std::getenv("PYTORCH_CUDA_ALLOC_CONF")) return "PYTORCH_CUDA_ALLOC_CONF";
+  if (std::getenv("PYTORCH_ALLOC_CONF")) return "PYTORCH_ALLOC_CONF";
+  return "torch's allocator settings";
+}
+
+void warn_ignored(const std::vector<std::string>& ignored) {
+  if (ignored.empty()) return;
+  std::string names;
+  for (const std::string& name : ignored) names += (names.empty() ? "" : ", ") + name;
+  TORCH_WARN("gpumem: ", settings_name(), " sets ", names,
+             ", which gpumem ignores: its blocks are split and rounded by its own rules, and its growable segments "
+             "leave no cached block too large to reuse. gpumem.set_limit, gpumem.set_segments and "
+             "gpumem.set_release_threshold are what it takes.");
+}
+
+}  // namespace
+
+std::vector<std::optional<std::size_t>> resolve_limit_text(const std::string& text,
+                                                           const std::vector<std::size_t>& totals) {
+  const int count = static_cast<int>(totals.size());
+  std::vector<std::optional<std::size_t>> out(totals.size());
+  try {
+    for (const LimitAssignment& a : parse_limit_assignments(text)) {
+      if (a.device >= count) {
+        const std::string visible = count ? "devices 0.." + std::to_string(count - 1) : "no device";
+        bad_limit(text, "there is no CUDA device " + std::to_string(a.device) + "; this process sees " + visible +
+                            " (CUDA_VISIBLE_DEVICES applies)");
+      }
+      const int first = a.device < 0 ? 0 : a.device, last = a.device < 0 ? count : a.device + 1;
+      for (int d = first; d < last; ++d) out[d] = parse_limit(a.spec, totals[d]);
+    }
+  } catch (const LimitSpecError& error) {
+    if (std::string_view(error.what()).find(kLimitVariable) != std::string_view::npos) throw;
+    bad_limit(text, reason_of(error.what()));
+  }
+  return out;
+}
+
+std::set<std::string> setting_keys(std::string_view text) {
+  std::set<std::string> keys;
+  int depth = 0;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i <= text.size(); ++i) {
+    const char c = i < text.size() ? text[i] : ',';
+    if (c == '[') ++depth;
+    if (c == ']' && depth > 0) --depth;
+    if (c != ',' || depth > 0) continue;
+    const std::string_view item = text.substr(start, i - start);
+    const std::string_view key = trimmed(item.substr(0, item.find(':')));
+    if (!key.empty()) keys.emplace(key);
+    start = i + 1;
+  }
+  return keys;
+}
+
+TorchSettings read_torch_settings() {
+  TorchSettings settings;
+#if GPUMEM_TORCH_HAS_FRACTION_SETTING
+  using Config = c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig;
+  using Generic = c10::CachingAllocator::AcceleratorAllocatorConfig;
+  settings.fraction = Config::per_process_memory_fraction();  // parses; throws torch's error if bad
+  const std::set<std::string> keys = setting_keys(Generic::last_allocator_settings());
+  if (keys.count("expandable_segments")) settings.growable = Config::expandable_segments();
+  if (keys.count("garbage_collection_threshold") && Generic::garbage_collection_threshold() > 0) {
+    settings.release_threshold = Generic::garbage_collection_threshold();
+  }
+  for (const char* key : {"max_split_size_mb", "max_non_split_rounding_mb", "large_segment_size_mb"}) {
+    if (keys.count(key)) settings.ignored.emplace_back(key);
+  }
+  if (keys.count("release_lock_on_cudamalloc") && Config::release_lock_on_cudamalloc()) {
+    settings.ignored.emplace_back("release_lock_on_cudamalloc");
+  }
+#endif
+  return settings;
+}
+
+void apply_startup(CachingAllocator& core, const StartupSettings& settings, const TorchSettings& torch) {
+  const int count = core.device_count();
+  std::vector<std::size_t> totals;
+  for (int d = 0; d < count; ++d) totals.push_back(core.backend().total_memory(d));
+  const auto limits = settings.limits ? resolve_limit_text(*settings.limits, totals)
+                                      : std::vector<std::optional<std::size_t>>(count);
+  std::vector<AllocatorConfig> configs;
+  for (int d = 0; d < count; ++d) {
+    AllocatorConfig config = core.config(d);
+    if (torch.fraction < 1.0) {
+      config.limit = lower(config.limit, static_cast<std::size_t>(torch.fraction * static_cast<double>(totals[d])));
+    }
+    config.limit = lower(config.limit, limits[d]);
+    if (torch.growable) config.growable = *torch.growable;
+    if (settings.growable) config.growable = *settings.growable;
+    if (torch.release_threshold) config.release_threshold = *torch.release_threshold;
+    configs.push_back(config);
+  }
+  for (int d = 0; d < count; ++d) core.configure(d, configs[d]);
+  warn_ignored(torch.ignored);
+}
+
+std::function<void(CachingAllocator&)> startup_setup(StartupSettings settings) {
+  return [settings = std::move(settings)](CachingAllocator& core) {
+    apply_startup(core, settings, read_torch_settings());
+  };
+}
+
+}  // namespace gpumem

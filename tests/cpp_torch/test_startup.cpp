@@ -1,0 +1,125 @@
+// The settings gpumem is installed with, applied at first use (torch/startup.h): GPUMEM_LIMIT's text
+// against the devices, GPUMEM_SEGMENTS, and what torch's allocator settings ask.
+#include <catch2/catch.hpp>
+
+#include <c10/util/Exception.h>
+
+#include <string>
+
+#include "adapter_fixture.h"
+#include "core/errors.h"
+#include "torch/startup.h"
+
+using namespace gpumem;
+using namespace gpumem::testing;
+
+namespace {
+
+void start(SimAdapter& sim, StartupSettings settings, TorchSettings torch = {}) {
+  sim.adapter.core().defer_setup(
+      [settings, torch](CachingAllocator& core) { apply_startup(core, settings, torch); });
+}
+
+std::string setup_error(SimAdapter& sim) {
+  try {
+    sim.adapter.core().run_setup();
+  } catch (const LimitSpecError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("setting_keys lists the keys of a settings string, lists in brackets kept whole", "[torch][startup]") {
+  REQUIRE(setting_keys("") == std::set<std::string>{});
+  REQUIRE(setting_keys("expandable_segments:True") == std::set<std::string>{"expandable_segments"});
+  REQUIRE(setting_keys(" max_split_size_mb:200 , roundup_power2_divisions:[256:4,>:1],garbage_collection_threshold:0.6") ==
+          std::set<std::string>{"max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold"});
+}
+
+TEST_CASE("GPUMEM_LIMIT's text applies to the devices when they are first used", "[torch][startup]") {
+  SimAdapter sim(8 * GiB, 2);
+  start(sim, {std::string("0:1GB,1:25%"), std::nullopt});
+  REQUIRE(sim.adapter.core().existing(0) == nullptr);
+  REQUIRE(sim.core_device(1).limit() == 2 * GiB);
+  REQUIRE(sim.core_device(0).limit() == 1 * GiB);
+}
+
+TEST_CASE("torch's init runs the setup, so a bad GPUMEM_LIMIT fails it with the variable named", "[torch][startup]") {
+  SimAdapter sim(8 * GiB, 2);
+  start(sim, {std::string("0:9GB"), std::nullopt});
+  try {
+    sim.adapter.init(2);
+    FAIL("init accepted a limit above the device");
+  } catch (const c10::Error& error) {
+    const std::string message = error.what_without_backtrace();
+    REQUIRE(message.rfind("gpumem: bad GPUMEM_LIMIT \"0:9GB\": ", 0) == 0);
+    REQUIRE(message.find("fix GPUMEM_LIMIT or unset it") != std::string::npos);
+  }
+  REQUIRE_FALSE(sim.adapter.initialized());
+  REQUIRE(sim.adapter.core().existing(0) == nullptr);
+  // Every later use fails the same way: nothing is handed out uncapped.
+  REQUIRE_THROWS_AS(sim.adapter.allocate(1 * MiB), c10::Error);
+  REQUIRE(sim.adapter.core().existing(0) == nullptr);
+}
+
+TEST_CASE("a GPUMEM_LIMIT naming a device that is not there is an error naming the devices", "[torch][startup]") {
+  SimAdapter sim(8 * GiB, 2);
+  start(sim, {std::string("2:1GB"), std::nullopt});
+  const std::string message = setup_error(sim);
+  REQUIRE(message.rfind("gpumem: bad GPUMEM_LIMIT \"2:1GB\": there is no CUDA device 2; this process sees devices 0..1", 0) == 0);
+}
+
+TEST_CASE("a bad GPUMEM_LIMIT changes no device, even those it could apply to", "[torch][startup]") {
+  SimAdapter sim(8 * GiB, 2);
+  start(sim, {std::string("0:1GB,1:9GB"), std::nullopt});
+  REQUIRE_FALSE(setup_error(sim).empty());
+  start(sim, {});
+  REQUIRE(sim.core_device(0).limit() == 8 * GiB);
+}
+
+TEST_CASE("torch's per_process_memory_fraction caps each device, and the lower of two caps holds", "[torch][startup]") {
+  SimAdapter sim(8 * GiB, 2);
+  TorchSettings torch;
+  torch.fraction = 0.5;
+  start(sim, {std::string("0:1GB,1:6GB"), std::nullopt}, torch);
+  REQUIRE(sim.core_device(0).limit() == 1 * GiB);
+  REQUIRE(sim.core_device(1).limit() == 4 * GiB);
+}
+
+TEST_CASE("a fraction of 0 leaves nothing to allocate, as native", "[torch][startup]") {
+  SimAdapter sim(8 * GiB, 1);
+  TorchSettings torch;
+  torch.fraction = 0.0;
+  start(sim, {}, torch);
+  REQUIRE(sim.core_device(0).limit() == 0);
+  REQUIRE(sim.adapter.getMemoryFraction(0) == 0.0);
+  REQUIRE_THROWS_AS(sim.adapter.allocate(1 * MiB), c10::OutOfMemoryError);
+}
+
+TEST_CASE("torch's expandable_segments picks the segments; GPUMEM_SEGMENTS overrides it", "[torch][startup]") {
+  TorchSettings torch;
+  torch.growable = false;
+  SimAdapter plain(8 * GiB, 1, 2 * MiB);
+  start(plain, {}, torch);
+  REQUIRE_FALSE(plain.core_device(0).growable());
+  SimAdapter growable(8 * GiB, 1, 2 * MiB);
+  start(growable, {std::nullopt, true}, torch);
+  REQUIRE(growable.core_device(0).growable());
+}
+
+TEST_CASE("torch's garbage_collection_threshold becomes the release threshold", "[torch][startup]") {
+  SimAdapter sim(8 * GiB, 1);
+  TorchSettings torch;
+  torch.release_threshold = 0.6;
+  start(sim, {std::string("2GB"), std::nullopt}, torch);
+  REQUIRE(sim.core_device(0).release_threshold() == 0.6);
+}
+
+TEST_CASE("a limit set after the setup wins over it", "[torch][startup]") {
+  SimAdapter sim(8 * GiB, 1);
+  start(sim, {std::string("1GB"), std::nullopt});
+  sim.core_device(0).set_limit(std::optional<std::size_t>(3 * GiB));
+  REQUIRE(sim.core_device(0).limit() == 3 * GiB);
+}
