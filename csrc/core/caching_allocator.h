@@ -51,6 +51,7 @@ class CachingAllocator {
   void defer_setup(std::function<void(CachingAllocator&)> setup);
   // Runs the deferred setup now, if it has not run.
   void run_setup();
+  bool setup_pending() const { return setup_pending_.load(std::memory_order_acquire); }
 
   Block* malloc(int device, std::size_t size, StreamId stream, std::size_t at_least = 0) {
     return this->device(device).malloc(size, stream, at_least);

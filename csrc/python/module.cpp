@@ -176,6 +176,13 @@ void bind_process_allocator(py::module_& m) {
     const MemInfo info = core().device(device).device_mem_info();
     return std::make_pair(info.free, info.total);
   }, py::arg("device"), "(free, total) bytes of the device itself, as CUDA reports them.");
+  m.def("capped_mem_info", [](int device) { return process_allocator().capped_mem_info(static_cast<c10::DeviceIndex>(device)); },
+        py::arg("device"), "(free, total) under the cap: total is the limit, free what could still be reserved.",
+        Release());
+  m.def("apply_changed_torch_settings", [core](const std::string& text, bool keep_segments, bool keep_threshold) {
+    apply_changed_torch_settings(core(), text, keep_segments, keep_threshold);
+  }, py::arg("text"), py::arg("keep_segments"), py::arg("keep_threshold"),
+        "What torch's settings, just changed to `text`, ask of gpumem's devices now.");
   m.def("device_total", [core](int device) { return core().backend().total_memory(device); }, py::arg("device"),
         "The device's memory in bytes; makes no allocator and no CUDA context.");
   m.def("largest_free_block", [core](int device) {

@@ -86,20 +86,20 @@ void* TorchAllocator::getBaseAllocation(void* ptr, size_t* size) {
   TORCH_CHECK(false, "gpumem: getBaseAllocation of ", ptr, ", which is not in memory gpumem handed out");
 }
 
-#if GPUMEM_TORCH_HAS_GET_MEMORY_INFO
-// torch.accelerator's view of a device under the cap: total is the limit, and free is what can
-// still be allocated: the limit less the allocated bytes, and no more than the device's free
-// memory plus gpumem's cached free bytes (a request larger than that could not be served even
-// under the limit).
-std::pair<size_t, size_t> TorchAllocator::getMemoryInfo(DeviceIndex device) {
+// The device as a job under the cap sees it: its total is the limit, and free is what gpumem could
+// still take from the device without passing the limit (limit - reserved, and no more than the
+// device has free). Cached memory is not free, as native counts it. Uncapped, this is the
+// device's own (free, total).
+std::pair<size_t, size_t> TorchAllocator::capped_mem_info(DeviceIndex device) {
   gpumem::DeviceAllocator& d = this->device(device);
   const MemInfo mem = with_c10_errors([&] { return d.device_mem_info(); });
-  const std::size_t limit = d.limit(), reserved = d.reserved();
-  const auto allocated = static_cast<std::size_t>(d.stats().allocated_bytes[kAll].current);
-  const std::size_t cached = reserved > allocated ? reserved - allocated : 0;
-  const std::size_t under_limit = limit > allocated ? limit - allocated : 0;
-  return {std::min(under_limit, mem.free + cached), limit};
+  const std::size_t limit = std::min(d.limit(), mem.total), reserved = d.reserved();
+  return {std::min(mem.free, limit > reserved ? limit - reserved : 0), limit};
 }
+
+#if GPUMEM_TORCH_HAS_GET_MEMORY_INFO
+// torch.accelerator.get_memory_info: the capped view, as torch.cuda.mem_get_info under gpumem.
+std::pair<size_t, size_t> TorchAllocator::getMemoryInfo(DeviceIndex device) { return capped_mem_info(device); }
 #endif
 
 #if GPUMEM_TORCH_HAS_EXPANDABLE_SEGMENT_SIZES

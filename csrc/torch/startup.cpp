@@ -151,6 +151,28 @@ void apply_startup(CachingAllocator& core, const StartupSettings& settings, cons
   warn_ignored(torch.ignored);
 }
 
+void apply_changed_torch_settings(CachingAllocator& core, std::string_view text, bool keep_segments,
+                                  bool keep_threshold) {
+  if (core.setup_pending()) return;
+  const std::set<std::string> keys = setting_keys(text);
+  TorchSettings torch = read_torch_settings();
+  if (keep_segments || !keys.count("expandable_segments")) torch.growable.reset();
+  if (keep_threshold || !keys.count("garbage_collection_threshold")) torch.release_threshold.reset();
+  for (int d = 0; d < core.device_count(); ++d) {
+    if (!torch.growable && !torch.release_threshold) break;
+    AllocatorConfig config = core.config(d);
+    if (torch.growable) config.growable = *torch.growable;
+    if (torch.release_threshold) config.release_threshold = *torch.release_threshold;
+    if (DeviceAllocator* device = core.existing(d)) {  // its config is what it was made with
+      if (torch.growable) device->set_growable(*torch.growable);
+      if (torch.release_threshold) device->set_release_threshold(*torch.release_threshold);
+      continue;
+    }
+    core.configure(d, config);
+  }
+  warn_ignored(torch.ignored);
+}
+
 std::function<void(CachingAllocator&)> startup_setup(StartupSettings settings) {
   return [settings = std::move(settings)](CachingAllocator& core) {
     apply_startup(core, settings, read_torch_settings());

@@ -63,4 +63,14 @@ std::function<void(CachingAllocator&)> startup_setup(StartupSettings settings);
 // The same over settings already read: what startup_setup does after reading torch's.
 void apply_startup(CachingAllocator& core, const StartupSettings& settings, const TorchSettings& torch);
 
+// torch's settings changed at run time (torch._C._accelerator_setAllocatorSettings(text), after
+// torch parsed `text`): what `text` names of expandable_segments and garbage_collection_threshold
+// applies to every device now, as native reads those at each use, except what gpumem's own
+// settings fixed (`keep_segments`: GPUMEM_SEGMENTS or set_segments; `keep_threshold`:
+// set_release_threshold). per_process_memory_fraction applies only before the devices are set
+// up, as native reads it once per device. Before the setup has run this does nothing: the setup
+// reads the settings then.
+void apply_changed_torch_settings(CachingAllocator& core, std::string_view text, bool keep_segments,
+                                  bool keep_threshold);
+
 }  // namespace gpumem

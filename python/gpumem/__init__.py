@@ -16,6 +16,7 @@ except ImportError as error:
     ) from error
 
 from gpumem._api import (
+    device_mem_info,
     empty_cache,
     enable,
     get_limit,
@@ -24,6 +25,7 @@ from gpumem._api import (
     reset_peak_stats,
     set_limit,
     set_release_threshold,
+    set_mem_info_view,
     set_segments,
     stats,
 )
@@ -32,6 +34,7 @@ from gpumem.reporting import Report, collect as report
 
 __all__ = [
     "Report",
+    "device_mem_info",
     "empty_cache",
     "enable",
     "get_limit",
@@ -40,6 +43,7 @@ __all__ = [
     "report",
     "reset_peak_stats",
     "set_limit",
+    "set_mem_info_view",
     "set_release_threshold",
     "set_segments",
     "stats",

@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from gpumem import _C, _devices, _env, _limits, _segments
+from gpumem import _C, _devices, _env, _limits, _segments, _torch_hooks
 from gpumem._devices import Device
 from gpumem._limits import Limit
 
@@ -63,6 +63,7 @@ def set_segments(kind: str, device: Device = None) -> None:
         devices = _devices.targets(device)
         _enable_locked()
         _apply_segments(devices, growable)
+        _torch_hooks.fixed["segments"] = True
 
 
 def get_segments(device: Device = None) -> str:
@@ -114,6 +115,21 @@ def set_release_threshold(share: float, device: Device = None) -> None:
         raise TypeError(f"gpumem: release threshold {share!r} is not a number in [0, 1]")
     for index in _devices.targets(device):
         _C.set_release_threshold(index, float(share))
+    _torch_hooks.fixed["release_threshold"] = True
+
+
+def device_mem_info(device: Device = None) -> tuple[int, int]:
+    """(free, total) bytes of the device itself, as CUDA reports them: what torch.cuda.mem_get_info
+    returns without gpumem. Under gpumem torch.cuda.mem_get_info gives the capped view (total = the
+    limit, free = what could still be reserved under it), unless set_mem_info_view("device")."""
+    return _torch_hooks.device_mem_info(device)
+
+
+def set_mem_info_view(view: str) -> None:
+    """What torch.cuda.mem_get_info (and torch.accelerator's memory info) report under gpumem:
+    "capped" (the default; also GPUMEM_MEM_INFO=capped) or "device" (the device's own figures).
+    torch.cuda.get_device_properties always gives the device's own total."""
+    _torch_hooks.set_view(view)
 
 
 def _enable_locked() -> None:
@@ -122,7 +138,13 @@ def _enable_locked() -> None:
     _refuse_if_torch_allocator_in_use()
     # Touches no CUDA: the compiled layer applies GPUMEM_LIMIT and GPUMEM_SEGMENTS (and torch's own
     # allocator settings) when the devices are first used, before any later gpumem call.
-    _C.install(_env.limit_text(), _env.segments())
+    text, growable, view = _env.limit_text(), _env.segments(), _torch_hooks.env_view()
+    _C.install(text, growable)
+    _torch_hooks.install()
+    if growable is not None:
+        _torch_hooks.fixed["segments"] = True
+    if view is not None:
+        _torch_hooks.set_view(view)
 
 
 def _refuse_if_torch_allocator_in_use() -> None:

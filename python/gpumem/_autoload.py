@@ -38,7 +38,7 @@ import re
 import sys
 from typing import Optional
 
-from gpumem import _api, _env
+from gpumem import _api, _env, _torch_hooks
 
 EXIT_BAD_LIMIT = 2
 
@@ -56,7 +56,8 @@ def install() -> None:
         state = "skipped: the gpumem command"
         return
     _stop_if_bad(text, _syntax_error(text))
-    _stop_if_bad_segments()
+    _stop_if_bad_setting(_env.SEGMENTS_VARIABLE, _env.segments)
+    _stop_if_bad_setting(_torch_hooks.VIEW_VARIABLE, _torch_hooks.env_view)
     try:
         _api.enable()
     except Exception as error:  # noqa: BLE001: whatever it is, the program must not run uncapped
@@ -74,14 +75,14 @@ def _syntax_error(text: str) -> Optional[str]:
     return None
 
 
-def _stop_if_bad_segments() -> None:
+def _stop_if_bad_setting(variable: str, read) -> None:
     try:
-        _env.segments()
+        read()
     except ValueError as error:
-        text = os.environ[_env.SEGMENTS_VARIABLE]
-        reason = _without_prefixes(str(error), text, _env.SEGMENTS_VARIABLE).rstrip(".")
-        _stop(f'gpumem: bad {_env.SEGMENTS_VARIABLE} "{text}": {reason}. The program stops rather than '
-              f"run with segments it did not ask for: fix {_env.SEGMENTS_VARIABLE} or unset it.")
+        text = os.environ[variable]
+        reason = _without_prefixes(str(error), text, variable).rstrip(".")
+        _stop(f'gpumem: bad {variable} "{text}": {reason}. The program stops rather than '
+              f"run with settings it did not ask for: fix {variable} or unset it.")
 
 
 def _is_the_gpumem_command() -> bool:

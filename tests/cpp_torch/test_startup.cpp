@@ -8,7 +8,11 @@
 
 #include "adapter_fixture.h"
 #include "core/errors.h"
+#include "torch/compat.h"
 #include "torch/startup.h"
+#if GPUMEM_TORCH_HAS_FRACTION_SETTING
+#include <c10/core/AllocatorConfig.h>
+#endif
 
 using namespace gpumem;
 using namespace gpumem::testing;
@@ -123,3 +127,57 @@ TEST_CASE("a limit set after the setup wins over it", "[torch][startup]") {
   sim.core_device(0).set_limit(std::optional<std::size_t>(3 * GiB));
   REQUIRE(sim.core_device(0).limit() == 3 * GiB);
 }
+
+#if GPUMEM_TORCH_HAS_FRACTION_SETTING
+namespace {
+
+// torch's settings are process-wide: each test sets them and puts the defaults back.
+struct TorchSettingsScope {
+  explicit TorchSettingsScope(const std::string& text) { c10::CachingAllocator::setAllocatorSettings(text); }
+  // A parse resets garbage_collection_threshold and max_split_size_mb unless it names them.
+  ~TorchSettingsScope() {
+    c10::CachingAllocator::setAllocatorSettings("expandable_segments:False,per_process_memory_fraction:1.0");
+  }
+};
+
+}  // namespace
+
+TEST_CASE("torch's settings, read as torch parsed them", "[torch][startup][settings]") {
+  TorchSettingsScope scope("per_process_memory_fraction:0.25,garbage_collection_threshold:0.7,max_split_size_mb:64");
+  const TorchSettings torch = read_torch_settings();
+  REQUIRE(torch.fraction == 0.25);
+  REQUIRE(torch.release_threshold == 0.7);
+  REQUIRE_FALSE(torch.growable.has_value());  // not named: gpumem's default stands
+  REQUIRE(torch.ignored == std::vector<std::string>{"max_split_size_mb"});
+}
+
+TEST_CASE("an invalid fraction fails with torch's own message", "[torch][startup][settings]") {
+  REQUIRE_THROWS_WITH(c10::CachingAllocator::setAllocatorSettings("per_process_memory_fraction:1.5"),
+                      Catch::Contains("per_process_memory_fraction is invalid"));
+}
+
+TEST_CASE("settings changed at run time reach the devices, except what gpumem's own settings fixed",
+          "[torch][startup][settings]") {
+  SimAdapter sim(8 * GiB, 2, 2 * MiB);
+  start(sim, {});
+  sim.core_device(0);  // device 0 exists, device 1 not yet
+  {
+    TorchSettingsScope scope("expandable_segments:False,garbage_collection_threshold:0.5");
+    apply_changed_torch_settings(sim.adapter.core(), "expandable_segments:False,garbage_collection_threshold:0.5",
+                                 false, true);
+    REQUIRE_FALSE(sim.core_device(0).growable());
+    REQUIRE_FALSE(sim.core_device(1).growable());
+    REQUIRE(sim.core_device(0).release_threshold() == 0.0);  // set_release_threshold was called: it stays
+  }
+}
+
+TEST_CASE("settings changed before the setup wait for it", "[torch][startup][settings]") {
+  SimAdapter sim(8 * GiB, 1, 2 * MiB);
+  start(sim, {});
+  TorchSettingsScope scope("expandable_segments:False");
+  apply_changed_torch_settings(sim.adapter.core(), "expandable_segments:False", false, false);
+  REQUIRE(sim.adapter.core().setup_pending());
+  sim.adapter.core().defer_setup(startup_setup({}));  // the real setup, which reads torch's settings
+  REQUIRE_FALSE(sim.core_device(0).growable());
+}
+#endif

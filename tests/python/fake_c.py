@@ -32,6 +32,7 @@ class FakeC:
         self.install_calls = 0
         self.install_args: list[tuple] = []
         self.device_count_calls = 0
+        self.settings_changes: list[tuple] = []
         self._pending = None  # (GPUMEM_LIMIT text, growable) until a device is first used
         self.release_thresholds = [0.0] * len(totals)
         self.peak_resets: list[int] = []
@@ -75,6 +76,14 @@ class FakeC:
     def mem_info(self, device: int) -> tuple[int, int]:
         sim = self._sim(device)
         return self.totals[device] - sim.reserved(0), self.totals[device]
+
+    def capped_mem_info(self, device: int) -> tuple[int, int]:
+        free, total = self.mem_info(device)
+        limit, reserved = self.get_limit(device), self._sim(device).reserved(0)
+        return min(free, max(limit - reserved, 0)), min(limit, total)
+
+    def apply_changed_torch_settings(self, text: str, keep_segments: bool, keep_threshold: bool) -> None:
+        self.settings_changes.append((text, keep_segments, keep_threshold))
 
     def set_limit(self, device: int, spec: str) -> None:
         self._sim(device).set_limit(0, spec)
@@ -148,3 +157,15 @@ def use_fake_c(monkeypatch, fake: FakeC) -> None:
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.delenv("GPUMEM_LIMIT", raising=False)
     monkeypatch.delenv("GPUMEM_SEGMENTS", raising=False)
+    monkeypatch.delenv("GPUMEM_MEM_INFO", raising=False)
+    # What installing wraps in torch is put back after the test, and wrapped afresh in the next.
+    from gpumem import _torch_hooks
+
+    monkeypatch.setattr(torch.cuda.memory, "mem_get_info", torch.cuda.memory.mem_get_info)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", torch.cuda.mem_get_info)
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is not None:
+        monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", setter)
+    for name, value in [("_original_mem_get_info", None), ("_original_set_settings", None), ("_view", "capped"),
+                        ("fixed", {"segments": False, "release_threshold": False})]:
+        monkeypatch.setattr(_torch_hooks, name, value)

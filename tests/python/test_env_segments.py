@@ -100,7 +100,7 @@ def test_a_bad_value_stops_the_hook_with_status_2_naming_it_and_the_forms(device
     fake = devices("fast")
     line = stopped()
     assert line == ('gpumem: bad GPUMEM_SEGMENTS "fast": give "growable" or "plain". The program stops rather '
-                    "than run with segments it did not ask for: fix GPUMEM_SEGMENTS or unset it.")
+                    "than run with settings it did not ask for: fix GPUMEM_SEGMENTS or unset it.")
     assert not fake.installed
 
 

@@ -1,0 +1,108 @@
+"""What gpumem changes in torch's Python API when it is installed, so code that sizes itself from
+torch sees the cap.
+
+- `torch.cuda.mem_get_info` (also as `torch.cuda.memory.mem_get_info`): the capped view by default,
+  total = the limit and free = what gpumem could still reserve without passing it (the limit less
+  what is reserved, and no more than the device has free; cached memory is not free, as native
+  counts it). Uncapped it is the device's own figures. `gpumem.device_mem_info` always gives
+  those; `gpumem.set_mem_info_view("device")` or GPUMEM_MEM_INFO=device turns the capped view off.
+  Code that took the function before gpumem was installed (`from torch.cuda import mem_get_info`
+  at import, ahead of gpumem.set_limit) keeps the original.
+- `torch._C._accelerator_setAllocatorSettings` (what `torch.cuda.memory._set_allocator_settings`
+  calls): after torch has parsed the settings, what they name of expandable_segments and
+  garbage_collection_threshold reaches gpumem's devices (see csrc/torch/startup.h).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Callable, Optional
+
+import torch
+
+from gpumem import _C
+
+VIEW_VARIABLE = "GPUMEM_MEM_INFO"
+CAPPED, DEVICE = "capped", "device"
+VIEW_FORMS = f'"{CAPPED}" or "{DEVICE}"'
+
+_lock = threading.Lock()
+_original_mem_get_info: Optional[Callable] = None
+_original_set_settings: Optional[Callable] = None
+_view = CAPPED
+# Which of torch's settings gpumem's own settings have fixed (GPUMEM_SEGMENTS, set_segments,
+# set_release_threshold): torch's settings changed later leave those alone.
+fixed = {"segments": False, "release_threshold": False}
+
+
+def view_of(text: object) -> str:
+    """CAPPED or DEVICE for a view's name (any case, blanks around); raises naming the value."""
+    if not isinstance(text, str):
+        raise TypeError(f"gpumem: mem_get_info view {text!r} ({type(text).__name__}) is not a string; "
+                        f"give {VIEW_FORMS}")
+    word = text.strip().lower()
+    if word not in (CAPPED, DEVICE):
+        raise ValueError(f"gpumem: bad mem_get_info view {text!r}: give {VIEW_FORMS}")
+    return word
+
+
+def env_view(environ=os.environ) -> Optional[str]:
+    """GPUMEM_MEM_INFO's view, None when unset; a bad value raises ValueError naming the variable."""
+    text = environ.get(VIEW_VARIABLE)
+    if text is None:
+        return None
+    try:
+        return view_of(text)
+    except ValueError:
+        raise ValueError(f"gpumem: {VIEW_VARIABLE}={text!r} cannot be applied: give {VIEW_FORMS}") from None
+
+
+def set_view(view: str) -> None:
+    global _view
+    _view = view_of(view)
+
+
+def get_view() -> str:
+    return _view
+
+
+def install() -> None:
+    """Puts the wrappers in place; once, when gpumem is installed."""
+    global _original_mem_get_info, _original_set_settings
+    with _lock:
+        if _original_mem_get_info is None:
+            _original_mem_get_info = torch.cuda.memory.mem_get_info
+            torch.cuda.memory.mem_get_info = _mem_get_info
+            torch.cuda.mem_get_info = _mem_get_info
+        setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+        if _original_set_settings is None and setter is not None:
+            _original_set_settings = setter
+            torch._C._accelerator_setAllocatorSettings = _set_allocator_settings
+
+
+def device_mem_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes of the device itself, as CUDA reports them, cap or no cap."""
+    original = _original_mem_get_info or torch.cuda.memory.mem_get_info
+    return original(device)
+
+
+def _mem_get_info(device=None) -> tuple[int, int]:
+    free, total = _original_mem_get_info(device)  # torch's checks, its lazy init, its device numbering
+    if _view != CAPPED or not _C.is_installed():
+        return free, total
+    if device is None:
+        device = torch.cuda.current_device()
+    index = torch.cuda._utils._get_device_index(device, optional=True)
+    return tuple(_C.capped_mem_info(index))
+
+
+_mem_get_info.__doc__ = (
+    "torch.cuda.mem_get_info under gpumem: (free, total) of the device as a job under the cap sees it: "
+    "total is the limit, free what gpumem could still reserve. gpumem.device_mem_info gives the device's own.")
+
+
+def _set_allocator_settings(text, *args, **kwargs):
+    result = _original_set_settings(text, *args, **kwargs)
+    if _C.is_installed() and isinstance(text, str):
+        _C.apply_changed_torch_settings(text, fixed["segments"], fixed["release_threshold"])
+    return result
