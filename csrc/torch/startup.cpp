@@ -115,7 +115,9 @@ TorchSettings read_torch_settings() {
   using Generic = c10::CachingAllocator::AcceleratorAllocatorConfig;
   settings.fraction = Config::per_process_memory_fraction();  // parses; throws torch's error if bad
   const std::set<std::string> keys = setting_keys(Generic::last_allocator_settings());
-  if (keys.count("expandable_segments")) settings.growable = Config::expandable_segments();
+  // Not Config::expandable_segments(): inline, it answers false in any build that, as gpumem's,
+  // lacks torch's PYTORCH_C10_DRIVER_API_SUPPORTED. gpumem maps pages itself, where the driver can.
+  if (keys.count("expandable_segments")) settings.growable = Generic::use_expandable_segments();
   if (keys.count("garbage_collection_threshold") && Generic::garbage_collection_threshold() > 0) {
     settings.release_threshold = Generic::garbage_collection_threshold();
   }

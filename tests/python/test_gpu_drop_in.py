@@ -75,7 +75,7 @@ def test_a_device_the_limit_names_that_is_not_there_is_an_error_at_first_use():
         try:
             torch.zeros(1, device="cuda")
             print(json.dumps(None))
-        except RuntimeError as e:
+        except ValueError as e:
             print(json.dumps(str(e)))
     """
     count = torch.cuda.device_count()
@@ -227,7 +227,7 @@ def test_accelerate_get_max_memory_reports_the_cap():
         gpumem.set_limit("8GB")
         print(json.dumps(get_max_memory()[0]))
     """
-    assert result(code) <= 8 * 10**9
+    assert result(code) <= 8 * GiB  # gpumem's units are binary: 8GB = 8 GiB
 
 
 FIND_BATCH = """
@@ -255,7 +255,6 @@ def test_accelerate_find_executable_batch_size_settles_under_the_cap_as_natively
     ours = result(FIND_BATCH.format(setup="import gpumem; gpumem.set_limit('3GiB')"))
     print(f"\nfind_executable_batch_size under 3 GiB: native settled on {native[0]} (tried {native[1]}), "
           f"gpumem on {ours[0]} (tried {ours[1]})")
-    # gpumem's growable segments may fit one step more than native's cache does: the same halving,
-    # settling within one step of native's batch.
-    assert ours[0] < 4096 and ours[1] == [4096 >> i for i in range(len(ours[1]))]
-    assert native[0] // 2 <= ours[0] <= native[0] * 2
+    # The same steps down; gpumem's growable segments may fit a step more than native's cache.
+    assert ours[0] < 4096 and ours[1] == native[1][:len(ours[1])]
+    assert native[0] <= ours[0] and len(native[1]) - len(ours[1]) <= 1

@@ -29,7 +29,7 @@ def test_enable_alone_leaves_the_device_uncapped(run_python):
     result = run_python(
         """
         gpumem.enable()
-        print(json.dumps({"limit": gpumem.get_limit(), "total": torch.cuda.mem_get_info()[1]}))
+        print(json.dumps({"limit": gpumem.get_limit(), "total": gpumem.device_mem_info()[1]}))
         """
     )
     assert result["limit"] == result["total"]

@@ -115,7 +115,7 @@ def test_set_per_process_memory_fraction_sets_the_byte_cap(run_python):
         """
         gpumem.enable()
         torch.cuda.set_per_process_memory_fraction(0.25)
-        print(json.dumps({"limit": gpumem.get_limit(), "total": torch.cuda.mem_get_info()[1]}))
+        print(json.dumps({"limit": gpumem.get_limit(), "total": torch.cuda.get_device_properties(0).total_memory}))
         """
     )
     assert abs(result["limit"] - 0.25 * result["total"]) <= 2 * MiB
@@ -126,7 +126,7 @@ def test_a_fraction_cap_refuses_a_request_beyond_it(run_python):
         """
         gpumem.enable()
         torch.cuda.set_per_process_memory_fraction(0.25)
-        total = torch.cuda.mem_get_info()[1]
+        total = torch.cuda.get_device_properties(0).total_memory
         try:
             torch.empty(int(0.3 * total), dtype=torch.uint8, device="cuda")
             print(json.dumps(None))
