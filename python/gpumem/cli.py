@@ -4,6 +4,7 @@
     gpumem run --limit 4GB -- python train.py    run a program under a limit
     gpumem replay SNAPSHOT --limit 4GB           would a recorded run fit under 4 GB?
     gpumem replay SNAPSHOT --min-limit           the smallest limit it fits under
+    gpumem replay SNAPSHOT                       uncapped: its peaks, and the smallest limit
     gpumem replay ... --segments plain           ... with plain segments (default: growable)
 
 Exit status: 0 on success (for replay: the trace fits); 1 when a replay does not fit (or, for
@@ -74,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
                                           "torch.cuda.memory._dump_snapshot through gpumem on a simulated "
                                           "device (no GPU needed). Exit status 0 if it fits, 1 if not.")
     replay.add_argument("snapshot", metavar="SNAPSHOT", help="a .pickle from torch.cuda.memory._dump_snapshot")
-    mode = replay.add_mutually_exclusive_group(required=True)
+    mode = replay.add_mutually_exclusive_group()
     mode.add_argument("--limit", type=_checked(_spec), help=f"the limit to replay under. Forms: {_FORMS}")
     mode.add_argument("--min-limit", action="store_true", help="search for the smallest limit the trace fits under")
     replay.add_argument("--precision", type=_checked(_bytes), default=1 << 20,
@@ -213,6 +214,8 @@ def _replay(args) -> int:
         _require_matplotlib()
     snapshot = snapshot_file.load(args.snapshot)
     where = {"device": args.device, "total": args.device_total, "segments": args.segments}
+    if args.limit is None and not args.min_limit:
+        return _replay_uncapped(args, snapshot, where)
     if args.min_limit:
         found = replay.min_limit(snapshot, precision=args.precision, **where)
         _print_min_limit(found)
@@ -228,6 +231,23 @@ def _replay(args) -> int:
         result.report().plot(args.plot)
         print(f"plot written to {args.plot}")
     return 0 if result is None or result.fits else EXIT_FAILED
+
+
+def _replay_uncapped(args, snapshot, where) -> int:
+    """No limit given: what the run needs, replayed without a cap, and the smallest cap it fits."""
+    from gpumem import replay
+
+    result = replay.replay(snapshot, None, **where)
+    found = replay.min_limit(snapshot, precision=args.precision, **where) if result.fits else None
+    _print_replay(args.snapshot, result)
+    if found is not None:
+        smallest = (f"{_C.format_bytes(found.limit)} ({found.limit} bytes; --min-limit tells how it was found)"
+                    if found.limit is not None else "none fits in the simulated device")
+        _print_rows([("smallest limit", smallest)])
+    if args.plot:
+        result.report().plot(args.plot)
+        print(f"plot written to {args.plot}")
+    return 0 if result.fits else EXIT_FAILED
 
 
 def _require_matplotlib() -> None:
@@ -255,7 +275,7 @@ def _print_replay(path: str, r) -> None:
                      f"{r.initial_blocks} blocks alive before the trace"),
         ("simulated device", f"{size(r.capacity)} ({_SOURCES[r.capacity_source]})"),
         ("segments", _segments_text(r.segments)),
-        ("limit", f"{size(r.limit)} ({r.limit} bytes)"),
+        ("limit", f"{size(r.limit)} ({r.limit} bytes)" if r.limit < r.capacity else "none (uncapped)"),
         ("result", "fits" if r.fits else f"FAILED: {_failure_text(r.failure)}"),
         ("peak allocated", size(r.peak_allocated)),
         ("peak reserved", f"{size(r.peak_reserved)} (under gpumem)"),
@@ -293,8 +313,9 @@ def _print_min_limit(m) -> None:
     _print_rows([
         ("min limit", f"{size(m.limit)} ({m.limit} bytes): fits; {size(m.precision)} less fails"),
         ("segments", _segments_text(m.segments)),
-        ("peak allocated", f"{size(m.peak_allocated)} ({m.peak_allocated} bytes)"),
-        ("ratio", f"{m.ratio:.3f} x peak allocated"),
+        ("peak requested", f"{size(m.peak_allocated)} ({m.peak_allocated} bytes: the trace's live requests, "
+                           "each rounded up to 512 bytes)"),
+        ("ratio", f"{m.ratio:.3f} x peak requested"),
         ("replays", str(m.replays)),
     ])
     print("(found by bisection; fitting is not monotone in the limit, so a lower limit may fit too)")
