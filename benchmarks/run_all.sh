@@ -7,6 +7,7 @@
 # gpumem is installed first (pip install --no-build-isolation -e .): when the gpumem python3
 # imports is not this tree's, this script installs it that way, on its budget.
 set -uo pipefail
+PYTHON=${PYTHON:-python3}  # every step runs this interpreter, the install too: a bare `pip` may be another
 cd "$(dirname "$0")/.." || exit 1
 OUT=${1:-bench-out}
 BIN=${BENCH_BUILD_DIR:-/tmp/gpumem-bench-build}  # objects and binary: kept out of OUTDIR
@@ -45,25 +46,25 @@ run() {
 
 # gpumem from this tree, built against the installed torch (an install of another tree would measure that)
 from_this_tree() {
-  python3 -c "import os, sys, gpumem._C as c; r = os.path.realpath
+  "$PYTHON" -c "import os, sys, gpumem._C as c; r = os.path.realpath
 sys.exit(not r(c.__file__).startswith(r('python') + os.sep))" 2>/dev/null
 }
 if ! from_this_tree; then
-  run install 240 pip install --no-build-isolation --no-index -e . || exit 1
-  from_this_tree || { log "python3 still imports a gpumem from elsewhere: $(python3 -c 'import gpumem; print(gpumem.__file__)')"; exit 1; }
+  run install 240 "$PYTHON" -m pip install --no-build-isolation --no-index -e . || exit 1
+  from_this_tree || { log "python3 still imports a gpumem from elsewhere: $("$PYTHON" -c 'import gpumem; print(gpumem.__file__)')"; exit 1; }
 fi
-run machine 60 python3 benchmarks/machine.py "$OUT/machine.json"
+run machine 60 "$PYTHON" benchmarks/machine.py "$OUT/machine.json"
 
 # The build and the replay (part 5) use only the CPU: run them together, before anything is timed.
 log "start build of bench_allocators and part 5 (replay, CPU only), in parallel"
-run replay 120 python3 benchmarks/bench_replay.py --out "$OUT/replay.json" &
+run replay 120 "$PYTHON" benchmarks/bench_replay.py --out "$OUT/replay.json" &
 REPLAY=$!
 run build 180 bash benchmarks/build_bench_allocators.sh "$BIN/bench_allocators" "$BIN/obj"
 BUILT=$?
 wait "$REPLAY"
-if ! python3 -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+if ! "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
   log "no CUDA GPU here: parts 1-4 not run"
-  python3 benchmarks/summarize.py "$OUT" | tee "$OUT/summary.md"
+  "$PYTHON" benchmarks/summarize.py "$OUT" | tee "$OUT/summary.md"
   exit 1
 fi
 
@@ -73,7 +74,7 @@ fi
 
 for ((r = 1; r <= EMPTY_ROUNDS; r++)); do
   for a in gpumem native; do
-    run "torch_empty-$a-$r" 60 python3 benchmarks/bench_torch_empty.py --allocator "$a" --out "$OUT/torch_empty-$a-$r.json"
+    run "torch_empty-$a-$r" 60 "$PYTHON" benchmarks/bench_torch_empty.py --allocator "$a" --out "$OUT/torch_empty-$a-$r.json"
   done
 done
 
@@ -82,18 +83,18 @@ train_round() {
   local allocators="gpumem native native-expandable"
   (($1 == 1)) && allocators="gpumem gpumem-plain native native-expandable"
   for a in $allocators; do
-    run "training-step-$a-$1" 120 python3 benchmarks/bench_training.py --mode step --allocator "$a" \
+    run "training-step-$a-$1" 120 "$PYTHON" benchmarks/bench_training.py --mode step --allocator "$a" \
       --out "$OUT/training-step-$a-$1.json"
   done
 }
 train_round 1
 # Part 4 before the further rounds of part 3: if time runs short, a repeat is what goes.
-run training-reference 120 python3 benchmarks/bench_training.py --mode reference --allocator native \
+run training-reference 120 "$PYTHON" benchmarks/bench_training.py --mode reference --allocator native \
   --out "$OUT/training-reference.json"
 for a in gpumem gpumem-plain native native-expandable; do
-  run "training-cap-$a" 120 python3 benchmarks/bench_training.py --mode cap --allocator "$a" --out "$OUT/training-cap-$a.json"
+  run "training-cap-$a" 120 "$PYTHON" benchmarks/bench_training.py --mode cap --allocator "$a" --out "$OUT/training-cap-$a.json"
 done
 for ((r = 2; r <= TRAIN_ROUNDS; r++)); do train_round "$r"; done
 
 log "all parts run in ${SECONDS} s; the table (also in $OUT/summary.md):"
-python3 benchmarks/summarize.py "$OUT" | tee "$OUT/summary.md"
+"$PYTHON" benchmarks/summarize.py "$OUT" | tee "$OUT/summary.md"

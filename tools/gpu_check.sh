@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # What a GPU machine runs to check gpumem end to end: build, the Python tests (GPU ones included),
 # the demo, and the capture of the replay snapshots. Logs go to $OUT (default ./gpu-logs).
-# TESTS picks pytest files (default: all); CAPTURE=0 skips the capture.
+# TESTS picks pytest files (default: all); CAPTURE=0 skips the capture. With pytest-xdist the tests
+# run in JOBS processes (default 8; each GPU test starts its own interpreter).
+# PART splits the whole into calls of a few minutes each (build included):
+#   PART=1  the allocator under torch: install, GPUMEM_LIMIT, statistics, growable segments, what
+#           the code around torch sees (then the demo)
+#   PART=2  CUDA graphs, cudagraph trees, MemPool, training, and every test that needs no GPU
+#           (then the snapshot capture)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-logs}
@@ -15,9 +21,21 @@ start=$(date +%s)
 python3 -m pip install -q --no-build-isolation --no-deps --no-index -e . >"$out/build.log" 2>&1 ||
   { tail -n 60 "$out/build.log"; exit 1; }
 echo "build: $(($(date +%s) - start)) s"
-(cd tests/python && python3 -m pytest -q -rs -p no:cacheprovider ${TESTS:-.}) 2>&1 | tee "$out/pytest.log"
+part1="test_gpu_install.py test_gpu_autoload.py test_gpu_memory_stats.py test_gpu_growable.py test_gpu_drop_in.py"
+case "${PART:-}" in
+  "") ;;
+  1) TESTS=${TESTS:-$part1}; CAPTURE=${CAPTURE:-0} ;;
+  2) TESTS=${TESTS:-$(cd tests/python && ls test_*.py | grep -vxF -f <(tr ' ' '\n' <<<"$part1") | tr '\n' ' ')}
+     DEMO=${DEMO:-0} ;;
+  *) echo "gpu_check.sh: PART must be 1 or 2, not '$PART'" >&2; exit 2 ;;
+esac
+parallel=()
+python3 -c "import xdist" 2>/dev/null && parallel=(-n "${JOBS:-8}")
+(cd tests/python && python3 -m pytest -q -rs -p no:cacheprovider "${parallel[@]}" ${TESTS:-.}) 2>&1 | tee "$out/pytest.log"
 tests=${PIPESTATUS[0]}
-(cd tools && timeout 120 python3 demo.py) 2>&1 | tee "$out/demo.log"
+if [ "${DEMO:-1}" = 1 ]; then
+  (cd tools && timeout 120 python3 demo.py) 2>&1 | tee "$out/demo.log"
+fi
 if [ "${CAPTURE:-1}" = 1 ]; then
   timeout 180 python3 tools/capture_snapshots.py --out "$out/snapshots" 2>&1 | tee "$out/capture.log"
 fi
