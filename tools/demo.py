@@ -62,7 +62,7 @@ def replay_on_simulated_device():
     print(result.report())
     found = replay.min_limit(SNAPSHOT)
     plain = replay.min_limit(SNAPSHOT, segments="plain")
-    print(f"\nthe smallest cap it fits under: {size(found.limit)}, {found.ratio:.3f} x its peak allocated "
+    print(f"\nthe smallest cap it fits under: {size(found.limit)}, {found.ratio:.3f} x its peak requested "
           f"({size(found.peak_allocated)}); {size(found.precision)} less fails")
     print(f"with plain segments (gpumem.set_segments(\"plain\")) instead of growable ones: {size(plain.limit)}, "
           f"{plain.ratio:.3f} x")
