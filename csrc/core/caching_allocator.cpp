@@ -13,7 +13,6 @@ int CachingAllocator::count_devices() const {
     configs_.assign(count, defaults_);
     devices_.resize(count);
     ready_ = std::vector<std::atomic<DeviceAllocator*>>(count);
-    ready_count_.store(static_cast<unsigned>(count), std::memory_order_release);
     count_.store(count, std::memory_order_release);
   });
   return count_.load(std::memory_order_acquire);

@@ -32,7 +32,7 @@ class CachingAllocator {
   }
   // Throws DeviceError naming the index and the devices there are.
   DeviceAllocator& device(int index) {
-    if (static_cast<unsigned>(index) < ready_count_.load(std::memory_order_acquire)) {
+    if (index >= 0 && index < count_.load(std::memory_order_acquire)) {  // -1 until counted
       if (DeviceAllocator* ready = ready_[index].load(std::memory_order_acquire)) return *ready;
     }
     return make_device(index);
@@ -80,10 +80,9 @@ class CachingAllocator {
 
   Backend& backend_;
   const AllocatorConfig defaults_;
-  // Sized when the devices are counted; count_ is -1 until then, ready_count_ 0.
+  // Sized when the devices are counted; count_ is -1 until then.
   mutable std::once_flag counted_;
   mutable std::atomic<int> count_{-1};
-  mutable std::atomic<unsigned> ready_count_{0};
   mutable std::mutex create_mutex_;  // guards configs_, devices_
   mutable std::vector<AllocatorConfig> configs_;
   mutable std::vector<std::unique_ptr<DeviceAllocator>> devices_;

@@ -176,8 +176,10 @@ void bind_process_allocator(py::module_& m) {
     const MemInfo info = core().device(device).device_mem_info();
     return std::make_pair(info.free, info.total);
   }, py::arg("device"), "(free, total) bytes of the device itself, as CUDA reports them.");
-  m.def("capped_mem_info", [](int device) { return process_allocator().capped_mem_info(static_cast<c10::DeviceIndex>(device)); },
-        py::arg("device"), "(free, total) under the cap: total is the limit, free what could still be reserved.",
+  m.def("capped_mem_info", [](int device, std::size_t free, std::size_t total) {
+    return process_allocator().capped_view(static_cast<c10::DeviceIndex>(device), MemInfo{free, total});
+  }, py::arg("device"), py::arg("free"), py::arg("total"),
+        "(free, total) under the cap from the device's own: total is the limit, free what could still be reserved.",
         Release());
   m.def("apply_changed_torch_settings", [core](const std::string& text, bool keep_segments, bool keep_threshold) {
     apply_changed_torch_settings(core(), text, keep_segments, keep_threshold);

@@ -117,8 +117,9 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
 #endif
   void cacheInfo(DeviceIndex device, size_t* largest_block) override;
   void* getBaseAllocation(void* ptr, size_t* size) override;
-  // (free, total) of the device under the cap; what torch.cuda.mem_get_info shows under gpumem.
-  std::pair<size_t, size_t> capped_mem_info(DeviceIndex device);
+  // (free, total) of the device under the cap, from the device's own `mem`; what
+  // torch.cuda.mem_get_info shows under gpumem.
+  std::pair<size_t, size_t> capped_view(DeviceIndex device, MemInfo mem);
 #if GPUMEM_TORCH_HAS_GET_MEMORY_INFO
   std::pair<size_t, size_t> getMemoryInfo(DeviceIndex device) override;
 #endif

@@ -89,17 +89,18 @@ void* TorchAllocator::getBaseAllocation(void* ptr, size_t* size) {
 // The device as a job under the cap sees it: its total is the limit, and free is what gpumem could
 // still take from the device without passing the limit (limit - reserved, and no more than the
 // device has free). Cached memory is not free, as native counts it. Uncapped, this is the
-// device's own (free, total).
-std::pair<size_t, size_t> TorchAllocator::capped_mem_info(DeviceIndex device) {
+// device's own (free, total). `mem` is the device's own, as the caller measured it.
+std::pair<size_t, size_t> TorchAllocator::capped_view(DeviceIndex device, MemInfo mem) {
   gpumem::DeviceAllocator& d = this->device(device);
-  const MemInfo mem = with_c10_errors([&] { return d.device_mem_info(); });
   const std::size_t limit = std::min(d.limit(), mem.total), reserved = d.reserved();
   return {std::min(mem.free, limit > reserved ? limit - reserved : 0), limit};
 }
 
 #if GPUMEM_TORCH_HAS_GET_MEMORY_INFO
 // torch.accelerator.get_memory_info: the capped view, as torch.cuda.mem_get_info under gpumem.
-std::pair<size_t, size_t> TorchAllocator::getMemoryInfo(DeviceIndex device) { return capped_mem_info(device); }
+std::pair<size_t, size_t> TorchAllocator::getMemoryInfo(DeviceIndex device) {
+  return capped_view(device, with_c10_errors([&] { return this->device(device).device_mem_info(); }));
+}
 #endif
 
 #if GPUMEM_TORCH_HAS_EXPANDABLE_SEGMENT_SIZES

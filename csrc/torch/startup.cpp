@@ -72,21 +72,24 @@ void warn_ignored(const std::vector<std::string>& ignored) {
 
 std::vector<std::optional<std::size_t>> resolve_limit_text(const std::string& text,
                                                            const std::vector<std::size_t>& totals) {
+  // The grammar's errors, reworded to name GPUMEM_LIMIT and its whole value.
+  const auto naming_the_variable = [&](auto&& f) {
+    try {
+      return f();
+    } catch (const LimitSpecError& error) {
+      bad_limit(text, reason_of(error.what()));
+    }
+  };
   const int count = static_cast<int>(totals.size());
   std::vector<std::optional<std::size_t>> out(totals.size());
-  try {
-    for (const LimitAssignment& a : parse_limit_assignments(text)) {
-      if (a.device >= count) {
-        const std::string visible = count ? "devices 0.." + std::to_string(count - 1) : "no device";
-        bad_limit(text, "there is no CUDA device " + std::to_string(a.device) + "; this process sees " + visible +
-                            " (CUDA_VISIBLE_DEVICES applies)");
-      }
-      const int first = a.device < 0 ? 0 : a.device, last = a.device < 0 ? count : a.device + 1;
-      for (int d = first; d < last; ++d) out[d] = parse_limit(a.spec, totals[d]);
+  for (const LimitAssignment& a : naming_the_variable([&] { return parse_limit_assignments(text); })) {
+    if (a.device >= count) {
+      const std::string visible = count ? "devices 0.." + std::to_string(count - 1) : "no device";
+      bad_limit(text, "there is no CUDA device " + std::to_string(a.device) + "; this process sees " + visible +
+                          " (CUDA_VISIBLE_DEVICES applies)");
     }
-  } catch (const LimitSpecError& error) {
-    if (std::string_view(error.what()).find(kLimitVariable) != std::string_view::npos) throw;
-    bad_limit(text, reason_of(error.what()));
+    const int first = a.device < 0 ? 0 : a.device, last = a.device < 0 ? count : a.device + 1;
+    for (int d = first; d < last; ++d) out[d] = naming_the_variable([&] { return parse_limit(a.spec, totals[d]); });
   }
   return out;
 }
@@ -108,13 +111,13 @@ std::set<std::string> setting_keys(std::string_view text) {
   return keys;
 }
 
-TorchSettings read_torch_settings() {
+TorchSettings read_torch_settings(std::optional<std::string_view> text) {
   TorchSettings settings;
 #if GPUMEM_TORCH_HAS_FRACTION_SETTING
   using Config = c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig;
   using Generic = c10::CachingAllocator::AcceleratorAllocatorConfig;
   settings.fraction = Config::per_process_memory_fraction();  // parses; throws torch's error if bad
-  const std::set<std::string> keys = setting_keys(Generic::last_allocator_settings());
+  const std::set<std::string> keys = setting_keys(text ? std::string(*text) : Generic::last_allocator_settings());
   // Not Config::expandable_segments(): inline, it answers false in any build that, as gpumem's,
   // lacks torch's PYTORCH_C10_DRIVER_API_SUPPORTED. gpumem maps pages itself, where the driver can.
   if (keys.count("expandable_segments")) settings.growable = Generic::use_expandable_segments();
@@ -127,6 +130,8 @@ TorchSettings read_torch_settings() {
   if (keys.count("release_lock_on_cudamalloc") && Config::release_lock_on_cudamalloc()) {
     settings.ignored.emplace_back("release_lock_on_cudamalloc");
   }
+#else
+  (void)text;
 #endif
   return settings;
 }
@@ -156,10 +161,9 @@ void apply_startup(CachingAllocator& core, const StartupSettings& settings, cons
 void apply_changed_torch_settings(CachingAllocator& core, std::string_view text, bool keep_segments,
                                   bool keep_threshold) {
   if (core.setup_pending()) return;
-  const std::set<std::string> keys = setting_keys(text);
-  TorchSettings torch = read_torch_settings();
-  if (keep_segments || !keys.count("expandable_segments")) torch.growable.reset();
-  if (keep_threshold || !keys.count("garbage_collection_threshold")) torch.release_threshold.reset();
+  TorchSettings torch = read_torch_settings(text);
+  if (keep_segments) torch.growable.reset();
+  if (keep_threshold) torch.release_threshold.reset();
   for (int d = 0; d < core.device_count(); ++d) {
     if (!torch.growable && !torch.release_threshold) break;
     AllocatorConfig config = core.config(d);

@@ -52,8 +52,9 @@ std::vector<std::optional<std::size_t>> resolve_limit_text(const std::string& te
 // The keys a settings string sets ("a:1,b:[2,3]" -> {a, b}); brackets hold lists.
 std::set<std::string> setting_keys(std::string_view text);
 
-// torch's settings as parsed now. Throws torch's own error for an invalid value.
-TorchSettings read_torch_settings();
+// torch's settings as parsed now, where `text` (default: the settings torch parsed last) names them.
+// Throws torch's own error for an invalid value.
+TorchSettings read_torch_settings(std::optional<std::string_view> text = std::nullopt);
 
 // The setup for CachingAllocator::defer_setup: applies `settings` and torch's settings to every
 // device. Throws LimitSpecError, DeviceError or torch's error, naming the setting and its value,

@@ -138,7 +138,7 @@ def _enable_locked() -> None:
     _refuse_if_torch_allocator_in_use()
     # Touches no CUDA: the compiled layer applies GPUMEM_LIMIT and GPUMEM_SEGMENTS (and torch's own
     # allocator settings) when the devices are first used, before any later gpumem call.
-    text, growable, view = _env.limit_text(), _env.segments(), _torch_hooks.env_view()
+    text, growable, view = _env.limit_text(), _env.segments(), _env.mem_info_view()
     _C.install(text, growable)
     _torch_hooks.install()
     if growable is not None:

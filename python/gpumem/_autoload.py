@@ -38,7 +38,7 @@ import re
 import sys
 from typing import Optional
 
-from gpumem import _api, _env, _torch_hooks
+from gpumem import _api, _env
 
 EXIT_BAD_LIMIT = 2
 
@@ -57,7 +57,7 @@ def install() -> None:
         return
     _stop_if_bad(text, _syntax_error(text))
     _stop_if_bad_setting(_env.SEGMENTS_VARIABLE, _env.segments)
-    _stop_if_bad_setting(_torch_hooks.VIEW_VARIABLE, _torch_hooks.env_view)
+    _stop_if_bad_setting(_env.MEM_INFO_VARIABLE, _env.mem_info_view)
     try:
         _api.enable()
     except Exception as error:  # noqa: BLE001: whatever it is, the program must not run uncapped

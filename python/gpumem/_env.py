@@ -2,20 +2,22 @@
 
     GPUMEM_LIMIT     the limits: "4GB" for every device, or per device "0:4GB,1:8GB"
     GPUMEM_SEGMENTS  the segment kind on every device: "growable" or "plain"
+    GPUMEM_MEM_INFO  what torch.cuda.mem_get_info reports: "capped" (the default) or "device"
 
 Installing touches no CUDA: the syntax is checked then (`limit_text`), and what depends on the
 devices (a percentage, a device number, a size above a device's memory) when the devices are first
-used, by the compiled layer (see `limits` for the same check on demand).
+used, by the compiled layer (csrc/torch/startup.h).
 """
 from __future__ import annotations
 
 import os
 from typing import Mapping, Optional
 
-from gpumem import _C, _devices, _limits, _segments
+from gpumem import _C, _segments, _torch_hooks
 
 VARIABLE = "GPUMEM_LIMIT"
 SEGMENTS_VARIABLE = "GPUMEM_SEGMENTS"
+MEM_INFO_VARIABLE = "GPUMEM_MEM_INFO"
 _ANY_TOTAL = 1 << 62  # checks a spec's syntax: every real device is smaller
 
 
@@ -33,35 +35,23 @@ def limit_text(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     return text
 
 
-def limits(environ: Mapping[str, str] = os.environ) -> dict[int, Optional[int]]:
-    """Bytes per device from GPUMEM_LIMIT ({} when it is unset), asking the devices; a bad value
-    raises ValueError."""
-    text = environ.get(VARIABLE)
-    if text is None:
-        return {}
-    try:
-        return _assigned(text)
-    except ValueError as error:
-        # A typo must stop the run, never leave it uncapped.
-        raise ValueError(f"gpumem: {VARIABLE}={text!r} cannot be applied: {error}") from None
-
-
 def segments(environ: Mapping[str, str] = os.environ) -> Optional[bool]:
     """Whether GPUMEM_SEGMENTS asks for growable segments; None when it is unset. A bad value
     raises ValueError naming the variable, its value and the accepted forms."""
-    text = environ.get(SEGMENTS_VARIABLE)
+    return _setting(environ, SEGMENTS_VARIABLE, _segments.growable, _segments.FORMS)
+
+
+def mem_info_view(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """GPUMEM_MEM_INFO's view of torch.cuda.mem_get_info; None when it is unset. A bad value raises
+    ValueError as segments() does."""
+    return _setting(environ, MEM_INFO_VARIABLE, _torch_hooks.view_of, _torch_hooks.VIEW_FORMS)
+
+
+def _setting(environ: Mapping[str, str], variable: str, parse, forms: str):
+    text = environ.get(variable)
     if text is None:
         return None
     try:
-        return _segments.growable(text)
+        return parse(text)
     except ValueError:
-        raise ValueError(f"gpumem: {SEGMENTS_VARIABLE}={text!r} cannot be applied: "
-                         f"give {_segments.FORMS}") from None
-
-
-def _assigned(text: str) -> dict[int, Optional[int]]:
-    result: dict[int, Optional[int]] = {}
-    for device, spec in _C.parse_limit_assignments(text):
-        devices = _devices.every() if device == -1 else [_devices.index(device)]
-        result.update(_limits.resolve(spec, devices))
-    return result
+        raise ValueError(f"gpumem: {variable}={text!r} cannot be applied: give {forms}") from None

@@ -8,8 +8,10 @@ The allocator takes a bool (growable or not); the names live here, once.
 """
 from __future__ import annotations
 
+from gpumem import _words
+
 GROWABLE, PLAIN = "growable", "plain"
-FORMS = f'"{GROWABLE}" or "{PLAIN}"'
+FORMS = _words.forms((GROWABLE, PLAIN))
 
 
 def growable(kind: str) -> bool:
@@ -18,13 +20,7 @@ def growable(kind: str) -> bool:
     Anything else raises, naming the value and the accepted forms: ValueError for a string,
     TypeError for another type.
     """
-    if not isinstance(kind, str):
-        raise TypeError(f"gpumem: segment kind {kind!r} ({type(kind).__name__}) is not a string; "
-                        f"give {FORMS}")
-    word = kind.strip().lower()
-    if word not in (GROWABLE, PLAIN):
-        raise ValueError(f"gpumem: bad segment kind {kind!r}: give {FORMS}")
-    return word == GROWABLE
+    return _words.one_of(kind, (GROWABLE, PLAIN), "segment kind") == GROWABLE
 
 
 def kind(growable_on: bool) -> str:

@@ -14,19 +14,15 @@ torch sees the cap.
 """
 from __future__ import annotations
 
-import os
-import threading
 from typing import Callable, Optional
 
 import torch
 
-from gpumem import _C
+from gpumem import _C, _words
 
-VIEW_VARIABLE = "GPUMEM_MEM_INFO"
 CAPPED, DEVICE = "capped", "device"
-VIEW_FORMS = f'"{CAPPED}" or "{DEVICE}"'
+VIEW_FORMS = _words.forms((CAPPED, DEVICE))
 
-_lock = threading.Lock()
 _original_mem_get_info: Optional[Callable] = None
 _original_set_settings: Optional[Callable] = None
 _view = CAPPED
@@ -37,24 +33,7 @@ fixed = {"segments": False, "release_threshold": False}
 
 def view_of(text: object) -> str:
     """CAPPED or DEVICE for a view's name (any case, blanks around); raises naming the value."""
-    if not isinstance(text, str):
-        raise TypeError(f"gpumem: mem_get_info view {text!r} ({type(text).__name__}) is not a string; "
-                        f"give {VIEW_FORMS}")
-    word = text.strip().lower()
-    if word not in (CAPPED, DEVICE):
-        raise ValueError(f"gpumem: bad mem_get_info view {text!r}: give {VIEW_FORMS}")
-    return word
-
-
-def env_view(environ=os.environ) -> Optional[str]:
-    """GPUMEM_MEM_INFO's view, None when unset; a bad value raises ValueError naming the variable."""
-    text = environ.get(VIEW_VARIABLE)
-    if text is None:
-        return None
-    try:
-        return view_of(text)
-    except ValueError:
-        raise ValueError(f"gpumem: {VIEW_VARIABLE}={text!r} cannot be applied: give {VIEW_FORMS}") from None
+    return _words.one_of(text, (CAPPED, DEVICE), "mem_get_info view")
 
 
 def set_view(view: str) -> None:
@@ -67,17 +46,16 @@ def get_view() -> str:
 
 
 def install() -> None:
-    """Puts the wrappers in place; once, when gpumem is installed."""
+    """Puts the wrappers in place; once, when gpumem is installed (under gpumem._api's lock)."""
     global _original_mem_get_info, _original_set_settings
-    with _lock:
-        if _original_mem_get_info is None:
-            _original_mem_get_info = torch.cuda.memory.mem_get_info
-            torch.cuda.memory.mem_get_info = _mem_get_info
-            torch.cuda.mem_get_info = _mem_get_info
-        setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-        if _original_set_settings is None and setter is not None:
-            _original_set_settings = setter
-            torch._C._accelerator_setAllocatorSettings = _set_allocator_settings
+    if _original_mem_get_info is None:
+        _original_mem_get_info = torch.cuda.memory.mem_get_info
+        torch.cuda.memory.mem_get_info = _mem_get_info
+        torch.cuda.mem_get_info = _mem_get_info
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if _original_set_settings is None and setter is not None:
+        _original_set_settings = setter
+        torch._C._accelerator_setAllocatorSettings = _set_allocator_settings
 
 
 def device_mem_info(device=None) -> tuple[int, int]:
@@ -93,7 +71,7 @@ def _mem_get_info(device=None) -> tuple[int, int]:
     if device is None:
         device = torch.cuda.current_device()
     index = torch.cuda._utils._get_device_index(device, optional=True)
-    return tuple(_C.capped_mem_info(index))
+    return tuple(_C.capped_mem_info(index, free, total))
 
 
 _mem_get_info.__doc__ = (

@@ -91,8 +91,8 @@ TEST_CASE("getMemoryInfo reports the limit as total and what could still be rese
 TEST_CASE("uncapped, the capped view is the device's own", "[torch][cache]") {
   SimAdapter sim(1 * GiB);
   c10::DataPtr live = sim.adapter.allocate(100 * MiB);
-  const auto [free, total] = sim.adapter.capped_mem_info(0);
   const MemInfo device = sim.backend.mem_info(0);
+  const auto [free, total] = sim.adapter.capped_view(0, device);
   REQUIRE(free == device.free);
   REQUIRE(total == device.total);
 }

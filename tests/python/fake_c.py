@@ -66,8 +66,6 @@ class FakeC:
         self.device_count_calls += 1
         return len(self.totals)
 
-    resolve_limit_text = staticmethod(_C.resolve_limit_text)
-
     def device_total(self, device: int) -> int:
         if not 0 <= device < len(self.totals):
             raise ValueError(f"fake _C: device {device} is not in 0..{len(self.sims) - 1}")
@@ -77,8 +75,7 @@ class FakeC:
         sim = self._sim(device)
         return self.totals[device] - sim.reserved(0), self.totals[device]
 
-    def capped_mem_info(self, device: int) -> tuple[int, int]:
-        free, total = self.mem_info(device)
+    def capped_mem_info(self, device: int, free: int, total: int) -> tuple[int, int]:
         limit, reserved = self.get_limit(device), self._sim(device).reserved(0)
         return min(free, max(limit - reserved, 0)), min(limit, total)
 
