@@ -262,10 +262,17 @@ void DeviceAllocator::free_block(Block* block) {
     increase_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(merge.block->size));
   }
   blocks.insert(merge.block);
+  const bool over_limit = cap_.reserved() > cap_.limit() && pool_targets_.empty();
+  if (!over_limit && release_threshold_ == 0.0) return;
   // Something became releasable: a whole plain segment, or a free page of a growable one.
-  if (release_threshold_ > 0.0 && (merge.block->segment->is_unused() || holds_free_page(merge.block))) {
-    apply_release_threshold();
-  }
+  if (!merge.block->segment->is_unused() && !holds_free_page(merge.block)) return;
+  if (over_limit) give_back_over_limit();
+  if (release_threshold_ > 0.0) apply_release_threshold();
+}
+
+// See Note [reserved above a lowered limit].
+void DeviceAllocator::give_back_over_limit() {
+  if (cap_.reserved() > cap_.limit() && pool_targets_.empty()) release_oldest_until(cap_.limit());
 }
 
 void DeviceAllocator::record_stream(Block* block, StreamId stream) {
@@ -431,6 +438,13 @@ void DeviceAllocator::set_limit(std::string_view spec) {
   set_limit_locked(limit.value_or(device_total_));
 }
 
+// Note [reserved above a lowered limit]
+//   Lowering the limit releases what is cached, but live blocks keep their memory, so reserved can
+//   stand above the new limit. From then on every growth is refused (the cap measures against
+//   reserved), and every free that makes memory releasable gives cached memory back, oldest first,
+//   until reserved is under the limit again: the cap is restored by the frees themselves, without
+//   waiting for an empty_cache(). While a pool is the allocation target (a graph may be
+//   capturing) nothing is released, as in empty_cache(); the first free after it ends resumes.
 void DeviceAllocator::set_limit_locked(std::size_t limit) {
   cap_.set_limit(limit);
   if (cap_.reserved() > limit) {

@@ -224,6 +224,7 @@ class DeviceAllocator {
   std::vector<Segment*> unused_segments() const;
   void release_segment(Segment* segment);
   bool release_oldest_until(std::size_t reserved_target);
+  void give_back_over_limit();
   bool release_all_unused();
   bool release_for(const Pool& pool, std::size_t size);
   void set_limit_locked(std::size_t limit);

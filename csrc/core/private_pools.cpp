@@ -68,6 +68,7 @@ void DeviceAllocator::end_allocate_to_pool(PoolId id) {
     insert_events(d.block);
   }
   deferred_.clear();
+  give_back_over_limit();
 }
 
 void DeviceAllocator::release_pool(PoolId id) {
@@ -75,6 +76,7 @@ void DeviceAllocator::release_pool(PoolId id) {
   auto it = private_pools_.find(id);
   if (it == private_pools_.end() || it->second->use_count == 0) return;
   if (--it->second->use_count > 0) return;
+  give_back_over_limit();
   release_free_pools();
   debug_check();
 }
