@@ -10,14 +10,17 @@
 namespace gpumem {
 
 namespace {
-// Each device's fake addresses start at its own terabyte-aligned base, far from real memory.
-constexpr std::uintptr_t kDeviceSpan = std::uintptr_t{1} << 44;
-// Reserved address ranges come from a region of their own, above the plain segments of up to 4095
-// devices, so a test can tell the two apart and a range can never alias a segment.
-constexpr std::uintptr_t kVirtualBase = std::uintptr_t{1} << 56;
+// The smallest region: 16 TiB, far more than any device's segments need at today's sizes.
+constexpr std::uintptr_t kMinSpan = std::uintptr_t{1} << 44;
 static_assert(sizeof(std::uintptr_t) >= 8, "the simulated address layout needs 64-bit addresses");
 
-std::uintptr_t virtual_base(int device) { return kVirtualBase + kDeviceSpan * static_cast<std::uintptr_t>(device); }
+// Room for the address holes that freeing leaves and for growable segments, whose ranges are as
+// large as the device, one per stream and size class: 16 of them fit in a region at least.
+std::uintptr_t region_span(std::size_t capacity) {
+  std::uintptr_t span = kMinSpan;
+  while (span / 16 < capacity) span <<= 1;
+  return span;
+}
 
 std::string hex(std::uintptr_t addr) {
   char buf[2 + 16 + 1];
@@ -31,24 +34,48 @@ std::string hex(std::uintptr_t addr) {
 }
 }  // namespace
 
-SimBackend::SimBackend(std::size_t capacity, int devices) : capacity_(capacity), devices_(devices) {
-  for (int i = 0; i < devices; ++i) {
-    devices_[i].segments.next = kDeviceSpan * static_cast<std::uintptr_t>(i + 1);
-    devices_[i].addresses.next = virtual_base(i);
-    devices_[i].peers.assign(devices, false);
+SimBackend::SimBackend(std::size_t capacity, int devices)
+    : capacity_(capacity), span_(0), device_count_(devices) {
+  if (capacity > kMaxCapacity) {
+    throw std::invalid_argument("gpumem: a simulated device of " + std::to_string(capacity) + " bytes (" +
+                                format_bytes(capacity) + ") is larger than the simulator models: at most " +
+                                std::to_string(kMaxCapacity) + " bytes (" + format_bytes(kMaxCapacity) + ")");
   }
+  if (devices < 1 || devices > kMaxDevices) {
+    throw std::invalid_argument("gpumem: " + std::to_string(devices) + " simulated devices: expected 1 to " +
+                                std::to_string(kMaxDevices));
+  }
+  span_ = region_span(capacity);
+  if (2 * static_cast<std::uintptr_t>(devices) + 1 > UINTPTR_MAX / span_) {
+    throw std::invalid_argument("gpumem: " + std::to_string(devices) + " simulated devices of " +
+                                format_bytes(capacity) + " do not fit in a 64-bit address space; use fewer "
+                                "devices or smaller ones");
+  }
+  devices_.resize(static_cast<std::size_t>(devices));
 }
 
-SimBackend::Device& SimBackend::device_locked(int device) {
-  if (device < 0 || device >= static_cast<int>(devices_.size())) {
+std::uintptr_t SimBackend::region_base(int device, bool ranges) const {
+  const auto index = static_cast<std::uintptr_t>(device) + (ranges ? static_cast<std::uintptr_t>(device_count_) : 0);
+  return span_ * (1 + index);
+}
+
+SimBackend::AddressSpace SimBackend::fresh_region(int device, bool ranges) const {
+  const std::uintptr_t base = region_base(device, ranges);
+  return AddressSpace{base, base + span_, {}};
+}
+
+SimBackend::Device& SimBackend::device_locked(int device) const {
+  if (device < 0 || device >= device_count_) {
     throw DeviceError("gpumem: simulated device " + std::to_string(device) + " does not exist; devices are 0.." +
-                      std::to_string(static_cast<int>(devices_.size()) - 1));
+                      std::to_string(device_count_ - 1));
   }
-  return devices_[device];
-}
-
-const SimBackend::Device& SimBackend::device_locked(int device) const {
-  return const_cast<SimBackend*>(this)->device_locked(device);
+  std::unique_ptr<Device>& slot = devices_[static_cast<std::size_t>(device)];
+  if (!slot) {
+    slot = std::make_unique<Device>();
+    slot->segments = fresh_region(device, false);
+    slot->addresses = fresh_region(device, true);
+  }
+  return *slot;
 }
 
 bool SimBackend::should_fail(int device, std::size_t bytes) {
@@ -70,6 +97,7 @@ std::uintptr_t SimBackend::AddressSpace::take(std::size_t bytes) {
     if (rest > 0) holes.emplace(addr + bytes, rest);
     return addr;
   }
+  if (bytes == 0 || bytes > end - next) return 0;
   const std::uintptr_t addr = next;
   next += bytes;
   return addr;
@@ -104,6 +132,10 @@ void* SimBackend::reserve(int device, std::size_t bytes) {
     return nullptr;
   }
   const std::uintptr_t addr = d.segments.take(bytes);
+  if (addr == 0) {  // the region is used up
+    ++d.ledger.refusals;
+    return nullptr;
+  }
   d.live.emplace(addr, bytes);
   add_in_use(d, bytes);
   ++d.ledger.reserves;
@@ -146,20 +178,20 @@ std::size_t SimBackend::page_size(int device) {
 }
 
 void SimBackend::enable_virtual_memory(std::size_t page) {
-  if (page < 512 || (page & (page - 1)) != 0) {
+  if (page < 512 || (page & (page - 1)) != 0 || page > span_) {
     throw std::invalid_argument("gpumem: simulated page size " + std::to_string(page) +
-                                " is not a power of two of at least 512 bytes");
+                                " is not a power of two from 512 bytes to " + std::to_string(span_));
   }
   std::lock_guard<std::mutex> lock(mutex_);
   if (page == page_) return;
-  for (const Device& d : devices_) {
-    if (!d.ranges.empty()) {
+  for (const std::unique_ptr<Device>& d : devices_) {
+    if (d && !d->ranges.empty()) {
       throw std::logic_error("gpumem: the simulated page size cannot change while address ranges are reserved");
     }
   }
   // Holes and the bump pointer are aligned to the old page only; start each region afresh.
   for (std::size_t i = 0; i < devices_.size(); ++i) {
-    devices_[i].addresses = AddressSpace{virtual_base(static_cast<int>(i)), {}};
+    if (devices_[i]) devices_[i]->addresses = fresh_region(static_cast<int>(i), true);
   }
   page_ = page;
 }
@@ -181,7 +213,8 @@ void* SimBackend::reserve_address(int device, std::size_t bytes) {
   }
   // Every range and hole is a multiple of the page from a page-aligned base, so addresses stay aligned.
   const std::uintptr_t addr = d.addresses.take(bytes);
-  d.ranges.emplace(addr, Range{bytes, std::vector<bool>(bytes / page_, false)});
+  if (addr == 0) return nullptr;  // the region is used up
+  d.ranges.emplace(addr, Range{bytes, {}});
   ++d.ledger.address_ranges;
   return reinterpret_cast<void*>(addr);
 }
@@ -194,7 +227,7 @@ void SimBackend::release_address(int device, void* ptr, std::size_t bytes) {
   if (it == d.ranges.end() || it->second.bytes != bytes) {
     misuse("release_address", device, addr, bytes, "is not a range reserve_address handed out");
   }
-  if (PageSpan{&it->second, 0, it->second.pages.size()}.mapped() > 0) {
+  if (!it->second.mapped.empty()) {
     misuse("release_address", device, addr, bytes, "still has pages mapped; unmap them first");
   }
   d.addresses.give_back(addr, bytes);
@@ -203,13 +236,38 @@ void SimBackend::release_address(int device, void* ptr, std::size_t bytes) {
 }
 
 std::size_t SimBackend::PageSpan::mapped() const {
-  const auto begin = range->pages.begin() + static_cast<std::ptrdiff_t>(first);
-  return static_cast<std::size_t>(std::count(begin, begin + static_cast<std::ptrdiff_t>(count), true));
+  const std::size_t end = first + count;
+  auto it = range->mapped.upper_bound(first);
+  if (it != range->mapped.begin()) --it;
+  std::size_t pages = 0;
+  for (; it != range->mapped.end() && it->first < end; ++it) {
+    const std::size_t lo = std::max(it->first, first), hi = std::min(it->second, end);
+    if (hi > lo) pages += hi - lo;
+  }
+  return pages;
 }
 
+// Takes out every run that overlaps or touches the span, then puts back what lies outside it
+// (unmapping) or one run covering them all (mapping), so runs stay disjoint and never adjacent.
 void SimBackend::PageSpan::mark(bool mapped) const {
-  const auto begin = range->pages.begin() + static_cast<std::ptrdiff_t>(first);
-  std::fill(begin, begin + static_cast<std::ptrdiff_t>(count), mapped);
+  std::map<std::size_t, std::size_t>& runs = range->mapped;
+  std::size_t lo = first, hi = first + count;
+  auto it = runs.upper_bound(lo);
+  if (it != runs.begin() && std::prev(it)->second >= lo) --it;
+  std::vector<std::pair<std::size_t, std::size_t>> outside;
+  while (it != runs.end() && it->first <= hi) {
+    const auto [a, b] = *it;
+    it = runs.erase(it);
+    if (mapped) {
+      lo = std::min(lo, a);
+      hi = std::max(hi, b);
+    } else {
+      if (a < lo) outside.emplace_back(a, lo);
+      if (b > hi) outside.emplace_back(hi, b);
+    }
+  }
+  if (mapped) runs.emplace(lo, hi);
+  for (const auto& run : outside) runs.insert(run);
 }
 
 // The pages a map or unmap call names; throws when they are unaligned or not inside one range,
@@ -233,7 +291,7 @@ bool SimBackend::map(int device, void* ptr, std::size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   const PageSpan span = pages_of(device, ptr, bytes, "map");
   if (span.mapped() > 0) misuse("map", device, reinterpret_cast<std::uintptr_t>(ptr), bytes, "covers mapped pages");
-  Device& d = devices_[device];
+  Device& d = device_locked(device);
   if (bytes > capacity_ - d.ledger.in_use || should_fail(device, bytes)) {
     ++d.ledger.refusals;
     return false;
@@ -252,7 +310,7 @@ void SimBackend::unmap(int device, void* ptr, std::size_t bytes) {
     misuse("unmap", device, reinterpret_cast<std::uintptr_t>(ptr), bytes, "covers pages that are not mapped");
   }
   span.mark(false);
-  Device& d = devices_[device];
+  Device& d = device_locked(device);
   d.ledger.in_use -= bytes;
   d.ledger.mapped -= bytes;
   ++d.ledger.unmaps;
@@ -261,7 +319,7 @@ void SimBackend::unmap(int device, void* ptr, std::size_t bytes) {
 void SimBackend::grant_peer(int device, int peer) {
   std::lock_guard<std::mutex> lock(mutex_);
   device_locked(peer);
-  device_locked(device).peers[peer] = true;
+  device_locked(device).peers.insert(peer);
 }
 
 bool SimBackend::is_mapped_locked(const Device& d, std::uintptr_t addr) const {
@@ -269,7 +327,11 @@ bool SimBackend::is_mapped_locked(const Device& d, std::uintptr_t addr) const {
   if (it == d.ranges.begin()) return false;
   --it;
   const std::uintptr_t offset = addr - it->first;
-  return offset < it->second.bytes && it->second.pages[offset / page_];
+  if (offset >= it->second.bytes) return false;
+  const std::size_t page = offset / page_;
+  const auto& runs = it->second.mapped;
+  auto run = runs.upper_bound(page);
+  return run != runs.begin() && std::prev(run)->second > page;
 }
 
 bool SimBackend::is_mapped(int device, std::uintptr_t addr) const {
@@ -281,7 +343,7 @@ bool SimBackend::peer_can_access(int device, int peer, std::uintptr_t addr) cons
   std::lock_guard<std::mutex> lock(mutex_);
   const Device& d = device_locked(device);
   device_locked(peer);
-  return is_mapped_locked(d, addr) && (peer == device || d.peers[peer]);
+  return is_mapped_locked(d, addr) && (peer == device || d.peers.count(peer) > 0);
 }
 
 // ---- Events ----------------------------------------------------------------------------------
@@ -306,7 +368,7 @@ bool SimBackend::event_done(int, EventId event) {
 void SimBackend::destroy_event(int, EventId event) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = events_.find(event);
-  --devices_[it->second.device].ledger.live_events;
+  --device_locked(it->second.device).ledger.live_events;
   events_.erase(it);
 }
 

@@ -10,17 +10,26 @@
 // core/backend.h and throws std::logic_error where the allocator breaks it (mapping a page twice,
 // unmapping one that is not mapped, releasing a range with pages mapped, unaligned arguments).
 //
+// Address layout: each device has two regions of `span` bytes (a power of two, at least 16 times
+// its capacity and at least 16 TiB), one for plain segments and one for reserved ranges, laid out
+// one after the other from `span` up; an address names its device and kind, and no two live
+// allocations of any device ever overlap. A region that is used up refuses further requests, as a
+// driver out of address space would; nothing wraps around. Devices are made on first use and pages
+// are kept as runs, so a large device or many of them cost memory only for what is used.
+//
 // Invariants, per device:
 //   ledger.in_use == sum of live plain segments + ledger.mapped <= capacity
-//   ledger.mapped == page size * pages marked mapped in all ranges
+//   ledger.mapped == page size * pages in the mapped runs of all ranges
 //   ledger.address_ranges == ranges.size(); live ranges never overlap each other or a segment
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -30,10 +39,15 @@ namespace gpumem {
 
 class SimBackend : public Backend {
  public:
-  // `capacity` bytes on each of `devices` devices.
+  // The largest device and the most devices the simulated address space lays out (see above).
+  static constexpr std::size_t kMaxCapacity = std::size_t{1} << 50;  // 1 PiB
+  static constexpr int kMaxDevices = 1 << 16;
+
+  // `capacity` bytes on each of `devices` devices; std::invalid_argument (naming the numbers)
+  // unless capacity <= kMaxCapacity, 1 <= devices <= kMaxDevices, and their regions fit in 64 bits.
   explicit SimBackend(std::size_t capacity, int devices = 1);
 
-  int device_count() const override { return static_cast<int>(devices_.size()); }
+  int device_count() const override { return device_count_; }
   void* reserve(int device, std::size_t bytes) override;
   void release(int device, void* ptr, std::size_t bytes) override;
   MemInfo mem_info(int device) override;
@@ -111,17 +125,20 @@ class SimBackend : public Backend {
     bool done = false;
     int queries = 0;
   };
-  // Fake addresses handed out first-fit from released holes, then from a bump pointer.
+  // Fake addresses of one region, handed out first-fit from released holes, then from a bump
+  // pointer that stops at the region's end: take returns 0 when nothing is left.
   struct AddressSpace {
     std::uintptr_t next = 0;                      // bump pointer
+    std::uintptr_t end = 0;                       // the region's end
     std::map<std::uintptr_t, std::size_t> holes;  // released address ranges, by address
     std::uintptr_t take(std::size_t bytes);
     void give_back(std::uintptr_t addr, std::size_t bytes);
   };
-  // A reserved address range; pages[i] says whether its i-th page is mapped.
+  // A reserved address range; `mapped` holds its mapped pages as runs, first page -> end page
+  // (exclusive), disjoint and never adjacent.
   struct Range {
     std::size_t bytes = 0;
-    std::vector<bool> pages;
+    std::map<std::size_t, std::size_t> mapped;
   };
   // Which work each stream follows: clock[s][t] is the newest mark of t that s's work follows.
   struct StreamClocks {
@@ -135,12 +152,14 @@ class SimBackend : public Backend {
     std::unordered_map<std::uintptr_t, std::size_t> live;  // address -> size
     AddressSpace addresses;                                // reserved ranges' addresses
     std::map<std::uintptr_t, Range> ranges;                // by start address
-    std::vector<bool> peers;                               // granted by grant_peer, by device
+    std::set<int> peers;                                   // granted by grant_peer
     Ledger ledger;
   };
 
-  Device& device_locked(int device);
-  const Device& device_locked(int device) const;
+  // The device, made on first use; DeviceError for an index outside 0..device_count()-1.
+  Device& device_locked(int device) const;
+  std::uintptr_t region_base(int device, bool ranges) const;
+  AddressSpace fresh_region(int device, bool ranges) const;
   bool should_fail(int device, std::size_t bytes);
   void add_in_use(Device& d, std::size_t bytes);
   // Pages [first, first + count) of one reserved range.
@@ -156,7 +175,9 @@ class SimBackend : public Backend {
 
   mutable std::mutex mutex_;
   std::size_t capacity_;
-  std::vector<Device> devices_;
+  std::uintptr_t span_;  // each region's size
+  int device_count_;
+  mutable std::vector<std::unique_ptr<Device>> devices_;  // made on first use
   std::unordered_map<EventId, Event> events_;
   std::uintptr_t next_event_ = 1;
   int fail_next_ = 0;

@@ -146,6 +146,10 @@ Block* DeviceAllocator::try_new_segment(Pool& pool, bool small, StreamId stream,
 Block* DeviceAllocator::reserve_segment(Pool& pool, bool small, StreamId stream, std::size_t bytes) {
   void* ptr = capped(bytes, [&] { return source_of(pool).reserve(bytes); });
   if (!ptr) return nullptr;
+  if (overlaps_segment(reinterpret_cast<std::uintptr_t>(ptr), bytes)) {
+    cap_.unreserve(bytes);  // the memory is not the allocator's: it cannot be given back either
+    throw_overlap("reserve", ptr, bytes);
+  }
   Segment* segment = add_segment(pool, small, stream, reinterpret_cast<std::uintptr_t>(ptr), bytes);
   segment->mapped = bytes;
   increase_stat(stats_.segment, small, 1);
@@ -158,6 +162,22 @@ Block* DeviceAllocator::reserve_segment(Pool& pool, bool small, StreamId stream,
 // New memory for the pool: pages of a growable segment where the pool uses them, else a segment.
 Block* DeviceAllocator::try_new_memory(Pool& pool, bool small, StreamId stream, std::size_t size) {
   return uses_growable(pool) ? try_grow(pool, small, stream, size) : try_new_segment(pool, small, stream, size);
+}
+
+// A backend that hands out memory the allocator already holds is broken; going on would corrupt
+// the segment table, so the request fails instead (a RuntimeError in Python).
+bool DeviceAllocator::overlaps_segment(std::uintptr_t addr, std::size_t size) const {
+  auto after = segments_.lower_bound(addr);
+  if (after != segments_.end() && after->first - addr < size) return true;
+  if (after == segments_.begin()) return false;
+  const Segment& before = *std::prev(after)->second;
+  return addr - before.addr < before.size;
+}
+
+void DeviceAllocator::throw_overlap(const char* call, const void* ptr, std::size_t size) const {
+  throw std::logic_error("gpumem: device " + std::to_string(device_) + "'s " + call + " handed out " +
+                         std::to_string(size) + " bytes at " + std::to_string(reinterpret_cast<std::uintptr_t>(ptr)) +
+                         ", which overlap memory the allocator already holds; the backend is broken");
 }
 
 // Files a segment of [addr, addr + size) under the pool, as one block; statistics are the caller's.

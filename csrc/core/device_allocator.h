@@ -187,6 +187,8 @@ class DeviceAllocator {
   Block* try_new_memory(Pool& pool, bool small, StreamId stream, std::size_t size);
   Block* try_use_on_oom_pools(bool small, StreamId stream, std::size_t size);
   SegmentSource& source_of(const Pool& pool) { return pool.source ? *pool.source : backend_source_; }
+  bool overlaps_segment(std::uintptr_t addr, std::size_t size) const;
+  [[noreturn]] void throw_overlap(const char* call, const void* ptr, std::size_t size) const;
   Segment* add_segment(Pool& pool, bool small, StreamId stream, std::uintptr_t addr, std::size_t size);
   Block* place(Block* block, std::size_t size, std::size_t requested);
   [[noreturn]] void throw_oom(std::size_t requested, std::size_t size);

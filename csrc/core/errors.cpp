@@ -31,6 +31,74 @@ std::string format_bytes(std::size_t bytes) {
 
 namespace {
 
+// The length of the UTF-8 sequence at the start of `s`, or 0 if it is not one.
+std::size_t utf8_length(std::string_view s) {
+  const auto lead = static_cast<unsigned char>(s[0]);
+  const std::size_t n = lead >= 0xF0 && lead <= 0xF4 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC2 && lead < 0xE0 ? 2 : 0;
+  if (n == 0 || lead >= 0xF5 || s.size() < n) return 0;
+  for (std::size_t i = 1; i < n; ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) return 0;
+  }
+  // Overlong forms, UTF-16 surrogates and code points past U+10FFFF are not UTF-8 either.
+  const auto second = static_cast<unsigned char>(s[1]);
+  if ((lead == 0xE0 && second < 0xA0) || (lead == 0xED && second >= 0xA0) || (lead == 0xF0 && second < 0x90) ||
+      (lead == 0xF4 && second >= 0x90)) {
+    return 0;
+  }
+  return n;
+}
+
+void escape(unsigned char c, std::string& out) {
+  static const char digits[] = "0123456789abcdef";
+  switch (c) {
+    case '\n': out += "\\n"; return;
+    case '\t': out += "\\t"; return;
+    case '\r': out += "\\r"; return;
+    case '"': out += "\\\""; return;
+    case '\\': out += "\\\\"; return;
+    default: out += "\\x"; out += digits[c >> 4]; out += digits[c & 15];
+  }
+}
+
+}  // namespace
+
+std::string shown(std::string_view text) {
+  std::string out = "\"";
+  std::size_t i = 0;
+  while (i < text.size() && i < kShownBytes) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7F && c != '"' && c != '\\') {
+      out += static_cast<char>(c);
+      ++i;
+    } else if (const std::size_t n = c >= 0x80 ? utf8_length(text.substr(i)) : 0) {
+      out.append(text.substr(i, n));
+      i += n;
+    } else {
+      escape(c, out);
+      ++i;
+    }
+  }
+  out += '"';
+  if (i < text.size()) out += "... (" + std::to_string(text.size()) + " bytes in all)";
+  return out;
+}
+
+std::size_t shown_end(std::string_view s) {
+  if (s.empty() || s[0] != '"') return std::string_view::npos;
+  std::size_t i = 1;
+  while (i < s.size() && s[i] != '"') i += s[i] == '\\' ? 2 : 1;
+  if (i >= s.size()) return std::string_view::npos;
+  ++i;
+  constexpr std::string_view cut = "... (";
+  if (s.substr(i, cut.size()) == cut) {
+    const std::size_t close = s.find(')', i);
+    if (close != std::string_view::npos) i = close + 1;
+  }
+  return i;
+}
+
+namespace {
+
 const char* advice(OomKind kind) {
   switch (kind) {
     case OomKind::kOverLimit:

@@ -6,6 +6,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace gpumem {
 
@@ -65,6 +66,14 @@ void quietly(F&& f) noexcept {
   } catch (...) {
   }
 }
+
+// `text` as a message echoes a value the user gave: in double quotes, with control characters and
+// bytes that are not UTF-8 escaped (\n, \x00), and cut after kShownBytes with its length said, so
+// that a NUL does not end the message early and a 10 MB value stays a short line.
+constexpr std::size_t kShownBytes = 64;
+std::string shown(std::string_view text);
+// Where what shown() wrote ends, for `s` that starts with it; npos if it does not.
+std::size_t shown_end(std::string_view s);
 
 // "4.00 GiB", "512 bytes": the form every message uses.
 std::string format_bytes(std::size_t bytes);

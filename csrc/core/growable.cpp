@@ -103,6 +103,7 @@ Block* DeviceAllocator::reserve_growable(Pool& pool, bool small, StreamId stream
   const std::size_t bytes = round_up(std::max(device_total_, size), page_size_);
   void* ptr = backend_.reserve_address(device_, bytes);
   if (!ptr) return nullptr;
+  if (overlaps_segment(reinterpret_cast<std::uintptr_t>(ptr), bytes)) throw_overlap("reserve_address", ptr, bytes);
   Segment* segment = add_segment(pool, small, stream, reinterpret_cast<std::uintptr_t>(ptr), bytes);
   segment->growable = true;
   segment->mapped = 0;

@@ -41,9 +41,10 @@ bool iequals(std::string_view a, std::string_view b) {
   return true;
 }
 
-std::string quoted(std::string_view s) { return "\"" + std::string(s) + "\""; }
+std::string quoted(std::string_view s) { return shown(s); }
 
-// `text` is quoted exactly as the user gave it, white space included, so they can find it.
+// `text` is quoted as the user gave it, white space included, so they can find it (shown() escapes
+// control characters and cuts a long one short).
 [[noreturn]] void reject(std::string_view text, const std::string& reason) {
   throw LimitSpecError("gpumem: bad limit " + quoted(text) + ": " + reason +
                        ". Accepted forms: " + kLimitForms);

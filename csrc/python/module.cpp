@@ -105,11 +105,43 @@ class SimAllocator {
   CachingAllocator core_;
 };
 
+// _C.OutOfMemoryError carries the numbers behind the refusal as attributes, so that callers (the
+// replay) read them rather than parse the message.
+py::object oom_object(PyObject* type, const OutOfMemoryError& e) {
+  const OomInfo& i = e.info();
+  py::object error = py::reinterpret_borrow<py::object>(type)(e.what());
+  error.attr("device") = i.device;
+  error.attr("case") = oom_kind_name(i.kind);
+  error.attr("requested") = i.requested;
+  error.attr("allocated") = i.allocated;
+  error.attr("reserved") = i.reserved;
+  error.attr("limit") = i.limit;
+  error.attr("device_free") = i.device_free;
+  error.attr("device_total") = i.device_total;
+  error.attr("largest_free_block") = i.largest_free_block;
+  return error;
+}
+
 void register_errors(py::module_& m) {
-  py::register_exception<OutOfMemoryError>(m, "OutOfMemoryError", PyExc_MemoryError);
-  py::register_exception_translator([](std::exception_ptr error) {
+  // Held for the life of the process: the translator may run until the interpreter ends.
+  PyObject* oom_type = PyErr_NewExceptionWithDoc(
+      "gpumem._C.OutOfMemoryError",
+      "gpumem refused a request. Attributes: device, case ('over the limit', 'device full' or "
+      "'fragmentation'), requested, allocated, reserved, limit, device_free, device_total and "
+      "largest_free_block, in bytes.",
+      PyExc_MemoryError, nullptr);
+  if (!oom_type) throw py::error_already_set();
+  m.attr("OutOfMemoryError") = py::reinterpret_borrow<py::object>(oom_type);
+  py::register_exception_translator([oom_type](std::exception_ptr error) {
     try {
       if (error) std::rethrow_exception(error);
+    } catch (const OutOfMemoryError& e) {
+      try {
+        const py::object instance = oom_object(oom_type, e);
+        PyErr_SetObject(oom_type, instance.ptr());
+      } catch (const py::error_already_set&) {  // no memory for the attributes: the message alone
+        PyErr_SetString(oom_type, e.what());
+      }
     } catch (const LimitSpecError& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const DeviceError& e) {
@@ -194,6 +226,8 @@ void bind_process_allocator(py::module_& m) {
 }
 
 void bind_sim_allocator(py::module_& m) {
+  m.attr("SIM_MAX_CAPACITY") = SimBackend::kMaxCapacity;
+  m.attr("SIM_MAX_DEVICES") = SimBackend::kMaxDevices;
   py::class_<SimAllocator>(m, "SimAllocator", "gpumem's allocator over a simulated device: no GPU, no memory touched.")
       .def(py::init<std::size_t, int, std::size_t>(), py::arg("capacity"), py::arg("devices") = 1, py::kw_only(),
            py::arg("page_size") = 0)

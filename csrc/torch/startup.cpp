@@ -27,21 +27,20 @@ std::string_view trimmed(std::string_view s) {
 // The reason alone, as the line that names GPUMEM_LIMIT and its value says it: without "gpumem: "
 // and without the spec the grammar's message quotes.
 std::string reason_of(std::string message) {
-  for (const std::string_view prefix : {std::string_view("gpumem: "), std::string_view("bad limit list \""),
-                                        std::string_view("bad limit \"")}) {
+  for (const std::string_view prefix : {std::string_view("gpumem: "), std::string_view("bad limit list "),
+                                        std::string_view("bad limit ")}) {
     if (message.rfind(prefix, 0) != 0) continue;
     message.erase(0, prefix.size());
-    if (prefix.back() == '"') {
-      const auto end = message.find("\": ");
-      if (end != std::string::npos) message.erase(0, end + 3);
-    }
+    if (prefix.front() != 'b') continue;
+    const std::size_t end = shown_end(message);  // the quoted spec
+    if (end != std::string::npos && message.compare(end, 2, ": ") == 0) message.erase(0, end + 2);
   }
   while (!message.empty() && message.back() == '.') message.pop_back();
   return message;
 }
 
 [[noreturn]] void bad_limit(const std::string& text, const std::string& reason) {
-  throw LimitSpecError("gpumem: bad " + std::string(kLimitVariable) + " \"" + text + "\": " + reason +
+  throw LimitSpecError("gpumem: bad " + std::string(kLimitVariable) + " " + shown(text) + ": " + reason +
                        ". No CUDA memory is handed out until it is fixed: fix " + std::string(kLimitVariable) +
                        " or unset it, and start the program again.");
 }

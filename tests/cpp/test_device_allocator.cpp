@@ -624,3 +624,29 @@ TEST_CASE("the destructor does not throw when the device refuses to take memory 
   allocator->malloc(100, kStream0);
   REQUIRE_NOTHROW(allocator.reset());
 }
+
+namespace {
+
+// A device that hands out the same address twice, as a broken driver could.
+struct RepeatingBackend final : SimBackend {
+  using SimBackend::SimBackend;
+  void* first = nullptr;
+  void* reserve(int device, std::size_t bytes) override {
+    void* ptr = SimBackend::reserve(device, bytes);
+    if (!first) first = ptr;
+    return ptr ? first : nullptr;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a device that hands out memory the allocator holds fails the request, not the process", "[allocator]") {
+  RepeatingBackend backend(kDeviceBytes);
+  auto allocator = std::make_unique<DeviceAllocator>(backend, 0, config_with(std::nullopt));
+  allocator->malloc(3 * MiB, kStream0);
+  const std::size_t reserved = allocator->reserved();
+  REQUIRE_THROWS_WITH(allocator->malloc(3 * MiB, kStream1), Catch::Contains("overlap memory the allocator already holds"));
+  REQUIRE(allocator->reserved() == reserved);
+  allocator->check_invariants();
+  REQUIRE_NOTHROW(allocator.reset());
+}

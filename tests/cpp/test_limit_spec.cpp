@@ -235,6 +235,32 @@ TEST_CASE("the message quotes untrimmed text and lists the accepted forms", "[li
   REQUIRE_THROWS_WITH(parse_limit("4XB", k80GiB), Catch::Contains(gpumem::kLimitForms));
 }
 
+TEST_CASE("the message escapes control characters, so a NUL does not cut it short", "[limit_spec]") {
+  const std::string text("4G\0B\n", 5);
+  REQUIRE_THROWS_WITH(parse_limit(text, k80GiB), Catch::Contains("\"4G\\x00B\\n\"") && Catch::Contains(gpumem::kLimitForms));
+}
+
+TEST_CASE("the message cuts a long value short and says how long it was", "[limit_spec]") {
+  const std::string text = "4" + std::string(10'000'000, 'X');
+  try {
+    parse_limit(text, k80GiB);
+    FAIL("accepted");
+  } catch (const LimitSpecError& e) {
+    const std::string message = e.what();
+    REQUIRE(message.size() < 1000);
+    REQUIRE_THAT(message, Catch::Contains("\"4" + std::string(gpumem::kShownBytes - 1, 'X') + "\"... (10000001 bytes in all)"));
+  }
+}
+
+TEST_CASE("shown keeps UTF-8 and escapes bytes that are not UTF-8", "[limit_spec]") {
+  REQUIRE(gpumem::shown("4 Гб") == "\"4 Гб\"");
+  REQUIRE(gpumem::shown("a\xff\xc3") == "\"a\\xff\\xc3\"");
+  REQUIRE(gpumem::shown("\xed\xa0\x80") == "\"\\xed\\xa0\\x80\"");  // a UTF-16 surrogate
+  REQUIRE(gpumem::shown("say \"hi\"") == "\"say \\\"hi\\\"\"");
+  const std::string shown = gpumem::shown("x\"y");
+  REQUIRE(gpumem::shown_end(shown + ": why") == shown.size());
+}
+
 // ---- GPUMEM_LIMIT lists -----------------------------------------------------------------------
 
 TEST_CASE("a single spec applies to every device", "[limit_spec]") {

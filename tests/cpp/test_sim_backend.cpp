@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 
 #include "backends/sim_backend.h"
+#include "core/errors.h"
 
 namespace {
 
@@ -113,6 +115,72 @@ TEST_CASE("an address range may be as large as the device and costs no memory", 
   REQUIRE(sim.ledger().address_ranges == 1);
   REQUIRE(sim.ledger().in_use == 0);
   REQUIRE(sim.backend.mem_info(0).free == 80 * GiB);
+}
+
+TEST_CASE("address ranges refuse once their region is used up, rather than wrap around", "[sim]") {
+  // The region for a device of 1 GiB is 16 TiB: three ranges of 6 TiB do not fit.
+  VmSim sim(GiB, 2);
+  const std::size_t bytes = std::size_t{6} << 40;
+  void* a = sim.reserve_address(bytes);
+  void* b = sim.reserve_address(bytes);
+  REQUIRE(a != nullptr);
+  REQUIRE(b != nullptr);
+  REQUIRE(sim.reserve_address(bytes) == nullptr);
+  void* other = sim.reserve_address(bytes, 1);  // the other device's region is its own
+  REQUIRE(other != nullptr);
+  for (void* range : {a, b}) REQUIRE_FALSE(overlap(at(range), bytes, at(other), bytes));
+  sim.backend.release_address(0, a, bytes);
+  REQUIRE(sim.reserve_address(bytes) == a);
+}
+
+TEST_CASE("the largest device maps pages anywhere in a range as large as it", "[sim]") {
+  VmSim sim(SimBackend::kMaxCapacity);
+  void* range = sim.reserve_address(SimBackend::kMaxCapacity);
+  REQUIRE(range != nullptr);
+  const std::size_t last = SimBackend::kMaxCapacity - kPage;
+  REQUIRE(sim.backend.map(0, range, 3 * kPage));
+  REQUIRE(sim.backend.map(0, ptr_at(range, last), kPage));
+  REQUIRE(sim.backend.map(0, ptr_at(range, 3 * kPage), 3 * kPage));  // joins the first run
+  sim.backend.unmap(0, ptr_at(range, kPage), 4 * kPage);  // splits the runs either side
+  REQUIRE(sim.backend.is_mapped(0, at(range)));
+  REQUIRE_FALSE(sim.backend.is_mapped(0, at(range, kPage)));
+  REQUIRE_FALSE(sim.backend.is_mapped(0, at(range, 4 * kPage)));
+  REQUIRE(sim.backend.is_mapped(0, at(range, 5 * kPage)));
+  REQUIRE(sim.backend.is_mapped(0, at(range, last)));
+  REQUIRE(sim.ledger().mapped == 3 * kPage);
+  REQUIRE_THROWS_AS(sim.backend.map(0, ptr_at(range, 5 * kPage), kPage), std::logic_error);
+  REQUIRE(sim.backend.map(0, ptr_at(range, kPage), 4 * kPage));  // joins them into one run
+  sim.backend.unmap(0, range, 6 * kPage);
+  sim.backend.unmap(0, ptr_at(range, last), kPage);
+  REQUIRE(sim.ledger().mapped == 0);
+  sim.backend.release_address(0, range, SimBackend::kMaxCapacity);
+}
+
+TEST_CASE("a device larger than the simulator models is refused, naming the sizes", "[sim]") {
+  try {
+    SimBackend backend(SimBackend::kMaxCapacity + 1);
+    FAIL("no error");
+  } catch (const std::invalid_argument& e) {
+    REQUIRE_THAT(e.what(), Catch::Contains(std::to_string(SimBackend::kMaxCapacity + 1)) &&
+                               Catch::Contains(std::to_string(SimBackend::kMaxCapacity)));
+  }
+  REQUIRE_THROWS_AS(SimBackend(GiB, 0), std::invalid_argument);
+  REQUIRE_THROWS_AS(SimBackend(GiB, SimBackend::kMaxDevices + 1), std::invalid_argument);
+  REQUIRE_THROWS_WITH(SimBackend(SimBackend::kMaxCapacity, SimBackend::kMaxDevices),
+                      Catch::Contains("do not fit in a 64-bit address space"));
+}
+
+TEST_CASE("the most devices cost only what is used, and their addresses stay apart", "[sim]") {
+  VmSim sim(8 * GiB, SimBackend::kMaxDevices);
+  const int last = SimBackend::kMaxDevices - 1;
+  void* first_segment = sim.backend.reserve(0, GiB);
+  void* last_segment = sim.backend.reserve(last, GiB);
+  void* last_range = sim.reserve_address(8 * GiB, last);
+  REQUIRE_FALSE(overlap(at(first_segment), GiB, at(last_segment), GiB));
+  REQUIRE_FALSE(overlap(at(last_range), 8 * GiB, at(last_segment), GiB));
+  REQUIRE(at(last_range) + 8 * GiB > at(last_range));
+  REQUIRE(sim.ledger(last).in_use == GiB);
+  REQUIRE_THROWS_AS(sim.backend.reserve(last + 1, GiB), gpumem::DeviceError);
 }
 
 TEST_CASE("release_address ends a range", "[sim]") {

@@ -75,6 +75,17 @@ TEST_CASE("a GPUMEM_LIMIT naming a device that is not there is an error naming t
   REQUIRE(message.rfind("gpumem: bad GPUMEM_LIMIT \"2:1GB\": there is no CUDA device 2; this process sees devices 0..1", 0) == 0);
 }
 
+TEST_CASE("a long bad GPUMEM_LIMIT is named short, once, with the reason", "[torch][startup]") {
+  SimAdapter sim(8 * GiB, 2);
+  const std::string text = "0:9GB," + std::string(100'000, ' ');
+  start(sim, {text, std::nullopt});
+  const std::string message = setup_error(sim);
+  REQUIRE(message.size() < 1000);
+  REQUIRE(message.rfind("gpumem: bad GPUMEM_LIMIT \"0:9GB,", 0) == 0);
+  REQUIRE_THAT(message, Catch::Contains("(100006 bytes in all): "));
+  REQUIRE(message.find("bad limit") == std::string::npos);  // the grammar's own prefix is not repeated
+}
+
 TEST_CASE("a bad GPUMEM_LIMIT changes no device, even those it could apply to", "[torch][startup]") {
   SimAdapter sim(8 * GiB, 2);
   start(sim, {std::string("0:1GB,1:9GB"), std::nullopt});
