@@ -122,9 +122,11 @@ py::object oom_object(PyObject* type, const OutOfMemoryError& e) {
   return error;
 }
 
+// Held for the life of the process: the translator may run until the interpreter ends.
+PyObject* oom_type = nullptr;
+
 void register_errors(py::module_& m) {
-  // Held for the life of the process: the translator may run until the interpreter ends.
-  PyObject* oom_type = PyErr_NewExceptionWithDoc(
+  oom_type = PyErr_NewExceptionWithDoc(
       "gpumem._C.OutOfMemoryError",
       "gpumem refused a request. Attributes: device, case ('over the limit', 'device full' or "
       "'fragmentation'), requested, allocated, reserved, limit, device_free, device_total and "
@@ -132,7 +134,7 @@ void register_errors(py::module_& m) {
       PyExc_MemoryError, nullptr);
   if (!oom_type) throw py::error_already_set();
   m.attr("OutOfMemoryError") = py::reinterpret_borrow<py::object>(oom_type);
-  py::register_exception_translator([oom_type](std::exception_ptr error) {
+  py::register_exception_translator([](std::exception_ptr error) {
     try {
       if (error) std::rethrow_exception(error);
     } catch (const OutOfMemoryError& e) {

@@ -36,7 +36,6 @@ Note [segments]
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -51,7 +50,6 @@ MAX_TIMELINE_POINTS = 5000
 Limit = Union[str, int, None]
 
 _ALLOC, _FREE = 0, 1
-_OOM_KIND = re.compile(r"gpumem: (over the limit|device full|fragmentation)")
 # Large enough for any real device; percentages of it are never mistaken for byte counts.
 _HUGE_TOTALS = (1 << 62, 1 << 61)
 
@@ -140,7 +138,7 @@ def replay(snapshot: Union[Snapshot, Source], limit: Limit, device: Optional[int
     growable = _segments.growable(segments)
     plan = _Plan.of(_loaded(snapshot), device)
     capacity, source = _capacity(plan, limit, total)
-    return _run(plan, _Device(capacity, source, growable), _limit_bytes(limit, capacity), timeline=True)
+    return _run(plan, _Device(capacity, source, growable, plan.device), _limit_bytes(limit, capacity), timeline=True)
 
 
 def peak_allocated_from_trace(snapshot: Union[Snapshot, Source], device: Optional[int] = None) -> int:
@@ -167,7 +165,7 @@ def min_limit(snapshot: Union[Snapshot, Source], precision: int = MiB, device: O
     growable = _segments.growable(segments)
     plan = _Plan.of(_loaded(snapshot), device)
     capacity, source = _capacity(plan, None, total)
-    sim_device = _Device(capacity, source, growable)
+    sim_device = _Device(capacity, source, growable, plan.device)
     kind = _segments.kind(growable)
     floor = plan.peak_allocated
     steps = max(0, math.ceil((capacity - floor) / precision))
@@ -352,12 +350,22 @@ def _spec(limit: Limit) -> str:
 
 def _capacity(plan: _Plan, limit: Limit, total: Optional[int]) -> tuple[int, str]:
     if total is not None:
-        return total, "given"
+        return _modelled(total, "the given device total"), "given"
     if plan.device_total is not None:
-        return plan.device_total, "snapshot"
+        return _modelled(plan.device_total, f"the snapshot's total for device {plan.device}"), "snapshot"
     need = 2 * max(plan.peak_allocated, plan.original_peak_reserved)
     need = -(-need // (2 * MiB)) * (2 * MiB)  # whole large segments
-    return max(need, _absolute_bytes(limit) or 0, 2 * MiB), "trace"
+    capacity = max(need, _absolute_bytes(limit) or 0, 2 * MiB)
+    return _modelled(capacity, "the device the trace needs"), "trace"
+
+
+def _modelled(total: int, what: str) -> int:
+    """`total` if the simulated device can be that large; ValueError naming `what` if not."""
+    if isinstance(total, bool) or not isinstance(total, int) or not 0 < total <= _C.SIM_MAX_CAPACITY:
+        shown = _C.format_bytes(total) if isinstance(total, int) and total > 0 else repr(total)[:40]
+        raise ValueError(f"gpumem: {what} ({shown}) is not a device size the simulator models: "
+                         f"1 byte to {_C.format_bytes(_C.SIM_MAX_CAPACITY)} ({_C.SIM_MAX_CAPACITY} bytes)")
+    return total
 
 
 def _absolute_bytes(limit: Limit) -> Optional[int]:
@@ -369,22 +377,25 @@ def _absolute_bytes(limit: Limit) -> Optional[int]:
 
 @dataclass(frozen=True)
 class _Device:
-    """The simulated device a plan runs on."""
+    """The simulated device a plan runs on. It has the trace's device index (devices before it are
+    never made), so that messages name the device the trace was recorded on."""
 
     capacity: int
     capacity_source: str
     growable: bool
+    index: int = 0
 
     def allocator(self):
-        return _C.SimAllocator(self.capacity, page_size=PAGE_SIZE if self.growable else 0)
+        return _C.SimAllocator(self.capacity, self.index + 1, page_size=PAGE_SIZE if self.growable else 0)
 
 
 def _run(plan: _Plan, sim_device: _Device, limit: int, timeline: bool) -> ReplayResult:
     sim = sim_device.allocator()
-    sim.set_limit_bytes(0, limit)
+    d = sim_device.index
+    sim.set_limit_bytes(d, limit)
     walk = _Walk(sim, plan, timeline)
     walk.run()
-    stats = sim.stats(0)
+    stats = sim.stats(d)
     return ReplayResult(
         device=plan.device,
         limit=limit,
@@ -394,11 +405,11 @@ def _run(plan: _Plan, sim_device: _Device, limit: int, timeline: bool) -> Replay
         fits=walk.failure is None,
         failure=walk.failure,
         peak_allocated=stats["allocated_bytes.all.peak"],
-        peak_reserved=sim.ledger(0)["peak"],
+        peak_reserved=sim.ledger(d)["peak"],
         original_peak_reserved=plan.original_peak_reserved,
         original_reserved_source=plan.original_reserved_source,
         inactive_split_peak=stats["inactive_split_bytes.all.peak"],
-        largest_free_block=sim.largest_free_block(0),
+        largest_free_block=sim.largest_free_block(d),
         events_total=plan.events_total,
         allocs_replayed=walk.allocs,
         frees_replayed=walk.frees,
@@ -440,7 +451,7 @@ class _Walk:
 
     def _alloc(self, block: int, size: int, stream: int, index: Optional[int], time: Optional[int]) -> bool:
         try:
-            self.address[block] = self.sim.malloc(0, size, stream)
+            self.address[block] = self.sim.malloc(self.plan.device, size, stream)
         except _C.OutOfMemoryError as error:
             self.failure = _failure(index, time, size, error)
             return False
@@ -450,11 +461,10 @@ class _Walk:
 
     def _sample(self, time: int) -> None:
         if self.stride:
-            self.points.append((time, self.sim.stats(0)["allocated_bytes.all.current"], self.sim.reserved(0)))
+            d = self.plan.device
+            self.points.append((time, self.sim.stats(d)["allocated_bytes.all.current"], self.sim.reserved(d)))
 
 
 def _failure(index: Optional[int], time: Optional[int], size: int, error: Exception) -> Failure:
-    message = str(error)
-    match = _OOM_KIND.search(message)
-    return Failure(index, time, size, match.group(1) if match else "unknown", message)
+    return Failure(index, time, size, error.case, str(error))
 

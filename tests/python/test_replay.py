@@ -449,3 +449,20 @@ def test_growable_segments_need_no_higher_limit_than_plain_ones_on_a_real_run(na
 def test_a_real_run_fits_with_growable_segments_under_the_min_limit_plain_ones_need(name):
     plain = rp.min_limit(data(name), segments="plain")
     assert rp.replay(data(name), plain.limit, segments="growable").fits
+
+
+def test_a_failure_replaying_another_device_names_that_device():
+    snapshot = {"segments": [], "device_traces": [[], [event("alloc", 1 << 20, 300 * MiB)]]}
+    result = rp.replay(from_dict(snapshot), 100 * MiB)
+    assert not result.fits
+    assert result.failure.kind == "over the limit"
+    assert "GPU 1 " in result.failure.message and "GPU 0" not in result.failure.message
+
+
+@pytest.mark.parametrize("total", [_C.SIM_MAX_CAPACITY + 1, 1 << 62])
+def test_a_device_total_the_simulator_cannot_model_is_a_clear_error(total):
+    snapshot = trace(event("alloc", 1 << 20, MiB), gpumem_device_totals=[total])
+    with pytest.raises(ValueError, match="the snapshot's total for device 0 .* is not a device size the simulator models"):
+        rp.replay(from_dict(snapshot), "none")
+    with pytest.raises(ValueError, match="the given device total .* simulator models"):
+        rp.replay(from_dict(trace(event("alloc", 1 << 20, MiB))), "none", total=total)

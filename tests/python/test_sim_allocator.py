@@ -294,3 +294,56 @@ def test_the_cap_holds_with_growable_segments_across_random_operations(paged):
     paged.check_invariants(0)
     assert paged.ledger(0)["peak"] <= 256 * MiB
     assert ooms > 0, "the workload never hit the cap"
+
+
+def test_an_out_of_memory_error_carries_its_numbers(sim):
+    live = sim.malloc(0, 200 * MiB)
+    with pytest.raises(_C.OutOfMemoryError) as caught:
+        sim.malloc(0, 100 * MiB)
+    error = caught.value
+    assert error.case == "over the limit"
+    assert (error.device, error.requested, error.limit) == (0, 100 * MiB, 256 * MiB)
+    assert error.allocated == sim.stats(0)["allocated_bytes.all.current"]
+    assert error.reserved == sim.reserved(0)
+    assert error.device_total == 1 * GiB
+    assert error.largest_free_block == sim.largest_free_block(0)
+    sim.free(live)
+
+
+def test_an_out_of_memory_error_names_the_device_it_happened_on():
+    sim = _C.SimAllocator(1 * GiB, 4)
+    with pytest.raises(_C.OutOfMemoryError, match="GPU 3 ") as caught:
+        sim.malloc(3, 2 * GiB)
+    assert caught.value.device == 3
+
+
+@pytest.mark.parametrize("capacity", [_C.SIM_MAX_CAPACITY + 1, 1 << 63, (1 << 64) - 1])
+def test_a_device_larger_than_the_simulator_models_is_a_value_error(capacity):
+    with pytest.raises(ValueError, match=f"{capacity} bytes.*at most {_C.SIM_MAX_CAPACITY} bytes"):
+        _C.SimAllocator(capacity)
+
+
+def test_the_largest_device_serves_a_request_of_half_its_size_and_counts_it_exactly():
+    sim = _C.SimAllocator(_C.SIM_MAX_CAPACITY, page_size=2 * MiB)
+    half = _C.SIM_MAX_CAPACITY // 2
+    addr = sim.malloc(0, half)
+    assert sim.stats(0)["allocated_bytes.all.current"] == half
+    sim.free(addr)
+    with pytest.raises(_C.OutOfMemoryError):
+        sim.malloc(0, 1 << 63)
+    stats = sim.stats(0)
+    assert (stats["allocated_bytes.all.current"], stats["allocated_bytes.all.peak"]) == (0, half)
+
+
+@pytest.mark.parametrize("growable", [False, True])
+def test_frees_above_a_lowered_limit_give_memory_back_until_reserved_is_under_it(growable):
+    sim = _C.SimAllocator(8 * GiB, page_size=2 * MiB if growable else 0)
+    sim.set_limit(0, "1GB")
+    blocks = [sim.malloc(0, 100 * MiB) for _ in range(8)]
+    sim.set_limit(0, "100MB")
+    assert sim.reserved(0) == 800 * MiB
+    for addr in blocks:
+        sim.free(addr)
+    assert sim.reserved(0) <= 100 * MiB
+    sim.malloc(0, 50 * MiB)
+    assert sim.ledger(0)["in_use"] == sim.reserved(0) <= 100 * MiB
