@@ -163,3 +163,28 @@ def test_gpumem_limit_caps_each_listed_device(run_python):
         env={"GPUMEM_LIMIT": "0:1GB,1:2GB"},
     )
     assert result == [1 << 30, 2 << 30]
+
+
+@pytest.mark.parametrize("segments", ["plain", "growable"])
+def test_frees_above_a_lowered_limit_give_memory_back_until_reserved_is_under_it(run_python, segments):
+    result = run_python(
+        f"""
+        gpumem.set_segments({segments!r})
+        gpumem.set_limit("1GB")
+        tensors = [torch.empty(100 << 20, dtype=torch.uint8, device="cuda") for _ in range(8)]
+        gpumem.set_limit("100MB")
+        reserved = [torch.cuda.memory_reserved()]
+        while tensors:
+            tensors.pop()
+            reserved.append(torch.cuda.memory_reserved())
+        x = torch.empty(50 << 20, dtype=torch.uint8, device="cuda")
+        print(json.dumps({{"reserved": reserved, "after": torch.cuda.memory_reserved(),
+                          "limit": gpumem.get_limit(), "segments": gpumem.get_segments()}}))
+        """
+    )
+    assert result["segments"] == segments
+    assert result["reserved"][0] == 800 * MiB
+    # Every free while above the limit gives memory back; once under it, frees cache as always.
+    assert all(b < a for a, b in zip(result["reserved"], result["reserved"][1:]) if a > result["limit"])
+    assert result["reserved"][-1] <= result["limit"] == 100 * MiB
+    assert result["after"] <= result["limit"]
