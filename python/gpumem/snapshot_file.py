@@ -415,7 +415,7 @@ def _setitem(reader: _PlainReader) -> None:
 def _setitems(reader: _PlainReader) -> None:
     items = reader.pop_mark()
     if len(items) % 2:
-        raise _BadPickle(f"it sets {len(items)} values as dict items, which come in pairs")
+        raise _BadPickle(f"it gives SETITEMS {len(items)} values, an odd number: keys and values come in pairs")
     target = reader.top(dict)
     for key, value in zip(items[::2], items[1::2]):
         target[_key(key)] = value
