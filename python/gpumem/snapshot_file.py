@@ -27,8 +27,8 @@ in it. What the reader refuses:
 - a container the reader walks (the trace of a device, an event, the segment list, a segment, a
   block list, a block) that is the same object as one walked already: shared references could
   otherwise make a small file hold 10^8 events. torch shares only what the reader never walks
-  ("frames" lists, strings). As a backstop, a file makes at most _WALK_PER_BYTE entries to walk
-  per byte;
+  ("frames" lists, strings). As a backstop, the entries walked are at most 4 per byte of the
+  file;
 - a value of the wrong type, checked before anything walks, hashes, compares or echoes it, and a
   number out of range: sizes (size, requested_size, total_size, allocated_size) from 0 to
   MAX_BYTES (2^62); addresses from 0 to 2^64 - 1; device totals from 1 to MAX_BYTES; device
@@ -37,8 +37,8 @@ in it. What the reader refuses:
 
 "allocator_settings" is kept when it is a dict, never walked (whoever reads it must treat it as
 hostile too), and dropped (read as {}) when it is anything else. Messages show a value from the
-file only when it is a short scalar: longer strings are cut at _SHOWN characters, containers and
-huge integers are named by kind and length.
+file only when it is a short scalar: strings are cut at 40 characters, containers and integers
+past 40 digits are named by kind and size.
 
 from_dict applies the same checks to data already in memory, the sharing rule included: torch's
 own torch.cuda.memory._snapshot() builds a new dict for each event, segment and block, and shares

@@ -381,14 +381,16 @@ def test_the_raw_trace_is_walked_once():
     (snapshot(alloc(size=10 ** 4999)), "['size'] is an integer of 5000 digits, not a size in bytes"),
     (snapshot(segments=(segment(blocks=[block(requested_size=-1)]),)),
      "segments[0]['blocks'][0]['requested_size'] is -1, not a size in bytes"),
-    (snapshot(segments=(segment(blocks=[block(size=1 << 63)]),)), "segments[0]['blocks'][0]['size'] is 9223372036854775808"),
+    (snapshot(segments=(segment(blocks=[block(size=1 << 63)]),)),
+     "segments[0]['blocks'][0]['size'] is 9223372036854775808"),
     (snapshot(segments=(segment(total_size=1 << 63),)), "segments[0]['total_size'] is 9223372036854775808, not a size"),
     (snapshot(segments=(segment(allocated_size=-1),)), "segments[0]['allocated_size'] is -1, not a size"),
     (snapshot(alloc(addr=-1)), "['addr'] is -1, not an address (0 to 2^64 - 1)"),
     (snapshot(alloc(addr=1 << 64)), "['addr'] is 18446744073709551616, not an address"),
     (snapshot(segments=(segment(address=1 << 64),)), "segments[0]['address'] is 18446744073709551616, not an address"),
     (snapshot(segments=(segment(blocks=[block(address=-1)]),)), "segments[0]['blocks'][0]['address'] is -1"),
-    (snapshot(segments=(segment(address=(1 << 64) - 512, blocks=[{"size": 512, "state": "inactive"} for _ in range(2)]),)),
+    (snapshot(segments=(segment(address=(1 << 64) - 512, blocks=[{"size": 512, "state": "inactive"},
+                                                                  {"size": 512, "state": "inactive"}]),)),
      "segments[0]['blocks'][1]['address'] is 18446744073709551616, not an address"),
     (snapshot(alloc(stream=-(1 << 63) - 1)), "['stream'] is -9223372036854775809, not a stream (-2^63 to 2^64 - 1)"),
     (snapshot(alloc(stream=1 << 64)), "['stream'] is 18446744073709551616, not a stream"),
@@ -399,13 +401,15 @@ def test_the_raw_trace_is_walked_once():
     (snapshot(segments=(segment(device=1 << 70),)), f"segments[0]['device'] is {1 << 70}, not a device index"),
     ({"segments": [], "device_traces": [[] for _ in range(MAX_DEVICES + 1)]},
      "device_traces has 1025 entries, more than 1024"),
-    (snapshot(**{DEVICE_TOTALS_KEY: [-1]}), f"{DEVICE_TOTALS_KEY}[0] is -1, not a device's memory in bytes (1 to 2^62)"),
+    (snapshot(**{DEVICE_TOTALS_KEY: [-1]}),
+     f"{DEVICE_TOTALS_KEY}[0] is -1, not a device's memory in bytes (1 to 2^62)"),
     (snapshot(**{DEVICE_TOTALS_KEY: [0]}), f"{DEVICE_TOTALS_KEY}[0] is 0, not a device's memory"),
     (snapshot(**{DEVICE_TOTALS_KEY: [(1 << 64) - 1]}), f"{DEVICE_TOTALS_KEY}[0] is 18446744073709551615, not a"),
     (snapshot(**{DEVICE_TOTALS_KEY: {0: MAX_BYTES + 1}}), f"{DEVICE_TOTALS_KEY}[0] is 4611686018427387905, not a"),
     (snapshot(**{DEVICE_TOTALS_KEY: {-1: GiB}}), f"a key of {DEVICE_TOTALS_KEY} is -1, not a device index"),
     (snapshot(**{DEVICE_TOTALS_KEY: {"0": GiB}}), f"a key of {DEVICE_TOTALS_KEY} is '0', not an integer"),
-    (snapshot(**{DEVICE_TOTALS_KEY: [GiB] * (MAX_DEVICES + 1)}), f"{DEVICE_TOTALS_KEY} has 1025 entries, more than 1024"),
+    (snapshot(**{DEVICE_TOTALS_KEY: [GiB] * (MAX_DEVICES + 1)}),
+     f"{DEVICE_TOTALS_KEY} has 1025 entries, more than 1024"),
     (snapshot(alloc(action=["alloc"])), "['action'] is a list, not one of alloc, free_completed"),
     (snapshot(alloc(action=10 ** 4999)), "['action'] is an integer of 5000 digits, not one of alloc"),
     (snapshot(alloc(action="x" * 5000)), f"['action'] is {'x' * 40!r}… (5000 characters), not one of"),
@@ -415,7 +419,7 @@ def test_the_raw_trace_is_walked_once():
     (snapshot(segments=(segment(segment_type=["large"]),)), "segments[0]['segment_type'] is a list, not a string"),
 ], ids=lambda value: None if isinstance(value, dict) else value[:40])
 def test_a_value_of_the_wrong_type_or_out_of_range_is_refused_naming_its_place(tmp_path, value, problem):
-    rejected(write(tmp_path, pickle.dumps(value)), f"not a memory snapshot: ", problem)
+    rejected(write(tmp_path, pickle.dumps(value)), "not a memory snapshot: ", problem)
 
 
 def test_values_at_the_ends_of_their_ranges_are_accepted(tmp_path):
@@ -440,6 +444,7 @@ def test_allocator_settings_that_are_a_dict_are_kept_unwalked_and_anything_else_
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
 def test_torchs_in_memory_snapshot_shares_nothing_the_reader_walks(run_python):
+    # torch 2.11 shares "frames" lists between events (85 of 238 in one run) and nothing else.
     result = run_python(
         """
         from gpumem.snapshot_file import from_dict
@@ -449,8 +454,7 @@ def test_torchs_in_memory_snapshot_shares_nothing_the_reader_walks(run_python):
         data = torch.cuda.memory._snapshot()
         frames = [e["frames"] for trace in data["device_traces"] for e in trace if e.get("frames")]
         loaded = from_dict(data)
-        print(json.dumps({"events": sum(len(t) for t in loaded.traces.values()),
-                          "frames": len(frames), "distinct_frames": len({id(f) for f in frames})}))
+        print(json.dumps({"events": sum(len(t) for t in loaded.traces.values()), "frames": len(frames)}))
         """
     )
     assert result["events"] >= 5 and result["frames"] >= 5
