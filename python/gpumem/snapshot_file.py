@@ -6,21 +6,54 @@ A snapshot is a pickle of plain dicts, lists, strings and numbers:
      "device_traces": [[event, ...], ...],   # one list per device, oldest event first
      "allocator_settings": {...}}            # optional
 
-Loading an arbitrary pickle can run code, so the unpickler here refuses every global: a real
-snapshot names none, and a pickle that does is rejected before anything in it is called.
-Every problem raises SnapshotError (a ValueError) naming the file and what is wrong.
-
 gpumem also reads one optional key torch does not write, "gpumem_device_totals": the total memory
 of each device in bytes (a list by device index, or a dict), so that a replay can use the real
 device size; without it a replay sizes its simulated device from the trace.
+
+Snapshots are passed around, so every file is hostile: reading one takes time and memory bounded
+by its size, and every problem raises SnapshotError (a ValueError) naming the file and the place
+in it. What the reader refuses:
+
+- anything but a regular file (a FIFO, a device, a directory), before reading a byte of it;
+- a file that does not start as a pickle of protocol 2 to 5 does ("\\x80" and the protocol), before
+  reading the rest. torch writes protocol 4 (Python's default); protocols 0 and 1 have no header
+  to test, so any text file could pass for one, and they are refused;
+- any pickle opcode but those Python writes for plain data: so no global (a class or function,
+  which loading could call), no set, no persistent id. The pickle is read by the small reader
+  below, not by pickle.Unpickler, which can be made to allocate gigabytes by a ten-byte file (a
+  memo index far past the values stored) or to hash for ever (a dict key that is a tuple built
+  from shared references). Dict keys must be strings, bytes, floats, None, booleans or integers of
+  at most 64 bits; their hashes then cost at most their size, once;
+- a container the reader walks (the trace of a device, an event, the segment list, a segment, a
+  block list, a block) that is the same object as one walked already: shared references could
+  otherwise make a small file hold 10^8 events. torch shares only what the reader never walks
+  ("frames" lists, strings). As a backstop, the entries walked are at most 4 per byte of the
+  file;
+- a value of the wrong type, checked before anything walks, hashes, compares or echoes it, and a
+  number out of range: sizes (size, requested_size, total_size, allocated_size) from 0 to
+  MAX_BYTES (2^62); addresses from 0 to 2^64 - 1; device totals from 1 to MAX_BYTES; device
+  indices from 0 to MAX_DEVICES - 1 (1023), and at most MAX_DEVICES traces or totals; streams from
+  -2^63 to 2^64 - 1; time_us from -2^63 to 2^63 - 1.
+
+"allocator_settings" is kept when it is a dict, never walked (whoever reads it must treat it as
+hostile too), and dropped (read as {}) when it is anything else. Messages show a value from the
+file only when it is a short scalar: strings are cut at 40 characters, containers and integers
+past 40 digits are named by kind and size.
+
+from_dict applies the same checks to data already in memory, the sharing rule included: torch's
+own torch.cuda.memory._snapshot() builds a new dict for each event, segment and block, and shares
+only "frames" lists. Its work is bounded by the data it is given, so it has no budget.
 """
 from __future__ import annotations
 
-import io
+import math
 import os
 import pickle
+import pickletools
+import stat
+import struct
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 ACTIONS = frozenset(
     {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
@@ -28,12 +61,17 @@ ACTIONS = frozenset(
 )
 BLOCK_STATES = frozenset({"active_allocated", "active_pending_free", "inactive"})
 DEVICE_TOTALS_KEY = "gpumem_device_totals"
+MAX_DEVICES = 1024
+MAX_BYTES = 1 << 62  # the most memory the simulated device that replays a snapshot accepts
 
 _ALLOC_OR_FREE = frozenset({"alloc", "free_requested", "free_completed"})
 _RECORD_HINT = (
     "record one with torch.cuda.memory._record_memory_history(enabled='all') before the work runs, "
     "then torch.cuda.memory._dump_snapshot(path)"
 )
+_EXPECTED = "expected a file written by torch.cuda.memory._dump_snapshot"
+_WALK_PER_BYTE = 4  # every entry walked takes at least one byte of a file; this is a backstop
+_WALK_SLACK = 1024
 
 Source = Union[str, "os.PathLike[str]"]
 
@@ -82,7 +120,7 @@ class Snapshot:
     source: str
     segments: list[Segment]
     traces: dict[int, list[Event]]
-    allocator_settings: dict = field(default_factory=dict)
+    allocator_settings: dict = field(default_factory=dict)  # as the file holds it: not checked
     device_totals: dict[int, int] = field(default_factory=dict)
     has_times: bool = True
 
@@ -104,76 +142,432 @@ class Snapshot:
 def load(path: Source) -> Snapshot:
     """Reads and checks the snapshot at `path`; SnapshotError if it is not one."""
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as file:
-            data = file.read()
-    except FileNotFoundError:
-        raise SnapshotError(f"{name}: no such file") from None
-    except IsADirectoryError:
-        raise SnapshotError(f"{name}: is a directory, not a snapshot file") from None
-    except OSError as error:
-        raise SnapshotError(f"{name}: cannot be read ({error.strerror or error})") from None
-    return from_dict(_unpickle(data, name), name)
+    data = _read(name)
+    return _check(_Shape(name, budget=_WALK_PER_BYTE * len(data) + _WALK_SLACK), _unpickle(data, name))
 
 
 def from_dict(data: Any, source: str = "<snapshot>") -> Snapshot:
     """Checks an already unpickled snapshot (as torch.cuda.memory._snapshot() returns it)."""
-    shape = _Shape(source)
-    top = shape.mapping(data, "the top level", ("segments", "device_traces"))
-    per_device = shape.sequence(top["device_traces"], "device_traces")
-    traces = {d: _events(shape, entries, d) for d, entries in enumerate(per_device)}
-    snapshot = Snapshot(
-        source=source,
-        segments=[_segment(shape, s, i) for i, s in enumerate(shape.sequence(top["segments"], "segments"))],
-        traces=traces,
-        allocator_settings=top.get("allocator_settings") or {},
-        device_totals=_device_totals(shape, top.get(DEVICE_TOTALS_KEY)),
-        has_times=all("time_us" in e for entries in top["device_traces"] for e in entries if isinstance(e, dict)),
-    )
-    if not snapshot.devices():
-        raise SnapshotError(f"{source}: the trace is empty: no device has an alloc or free event; {_RECORD_HINT}")
-    return snapshot
+    return _check(_Shape(source, budget=None), data)
+
+
+# ---- reading the file ---------------------------------------------------------------------------
+
+_HEADER = 2  # PROTO and its version, which every pickle of protocol 2 to 5 starts with
+_CHUNK = 1 << 24
+_NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _read(name: str) -> bytes:
+    """The file's bytes, read only once it is a regular file that starts as a pickle."""
+    fd = _open(name)
+    try:
+        size = _regular_size(fd, name)
+        header = _read_at_most(fd, _HEADER)
+        _check_header(header, name)
+        # At most the size fstat gave: a file that grows while it is read adds nothing.
+        return header + _read_at_most(fd, size - len(header))
+    except OSError as error:
+        raise SnapshotError(f"{name}: cannot be read ({error.strerror or error})") from None
+    finally:
+        os.close(fd)
+
+
+def _open(name: str) -> int:
+    try:
+        # O_NONBLOCK: opening a FIFO would otherwise wait for a writer, for ever.
+        return os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SnapshotError(f"{name}: no such file") from None
+    except OSError as error:
+        raise SnapshotError(f"{name}: cannot be read ({error.strerror or error})") from None
+
+
+def _regular_size(fd: int, name: str) -> int:
+    info = os.fstat(fd)
+    for test, kind in _NOT_REGULAR:
+        if test(info.st_mode):
+            raise SnapshotError(f"{name}: is {kind}, not a snapshot file")
+    if not stat.S_ISREG(info.st_mode):
+        raise SnapshotError(f"{name}: is not a regular file, so not a snapshot file")
+    return info.st_size
+
+
+def _read_at_most(fd: int, count: int) -> bytes:
+    chunks = []
+    while count > 0:
+        chunk = os.read(fd, min(count, _CHUNK))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        count -= len(chunk)
+    return b"".join(chunks)
+
+
+def _check_header(header: bytes, name: str) -> None:
+    if len(header) == _HEADER and header[0] == pickle.PROTO[0] and 2 <= header[1] <= 5:
+        return
+    why = "the file is empty" if not header else (
+        f"it starts with {header!r}, not with a pickle's header (0x80 and a protocol from 2 to 5)")
+    raise SnapshotError(f"{name}: not a pickle: {why}; {_EXPECTED}")
 
 
 # ---- unpickling ---------------------------------------------------------------------------------
 
 
 class _Refused(Exception):
-    def __init__(self, module: str, name: str):
-        super().__init__(f"{module}.{name}")
+    """A pickle that names a global: loading it could call it."""
 
 
-class _NoGlobalsUnpickler(pickle.Unpickler):
-    # Every class, function and extension code a pickle names reaches find_class; refusing them all
-    # leaves only plain data, and nothing in the file is ever called.
-    def find_class(self, module: str, name: str):
-        raise _Refused(module, name)
+class _BadPickle(Exception):
+    """A pickle the reader cannot read as plain data; the message says why."""
 
 
 def _unpickle(data: bytes, name: str) -> Any:
+    reader = _PlainReader(data)
     try:
-        return _NoGlobalsUnpickler(io.BytesIO(data)).load()
+        return reader.load()
     except _Refused as refused:
         raise SnapshotError(
             f"{name}: refused: the pickle names the global {refused} (a class or function). A memory "
             "snapshot holds only dicts, lists, strings and numbers, and loading a global could run "
             "code, so gpumem never loads one"
         ) from None
-    except Exception as error:  # a damaged or foreign file can fail in any of pickle's ways
-        raise SnapshotError(
-            f"{name}: not a pickle ({type(error).__name__}: {error}); expected a file written by "
-            "torch.cuda.memory._dump_snapshot"
-        ) from None
+    except Exception as error:  # a damaged or foreign file can fail in any way; KeyboardInterrupt is no Exception
+        raise SnapshotError(f"{name}: {_why(error)} (the opcode at byte {reader.at}); {_EXPECTED}") from None
+
+
+def _why(error: Exception) -> str:
+    if isinstance(error, _BadPickle):
+        return f"not a pickle: {error}"
+    if isinstance(error, struct.error):  # only unpacking a number past the end raises it
+        return "not a pickle: it ends inside an opcode (the file is cut short)"
+    if isinstance(error, IndexError):  # only the stack's pops and [-1] raise it
+        return "not a pickle: it takes a value from an empty stack"
+    return f"not a usable pickle: {type(error).__name__} ({_cut(str(error))})"  # MemoryError, UnicodeDecodeError
+
+
+class _PlainReader:
+    """Reads the plain data of a pickle: an iterative stack machine over the opcodes Python's pickle
+    writes for dicts, lists, tuples, strings, bytes and numbers at protocols 2 to 5.
+
+    It never recurses, so no depth of nesting raises RecursionError; each opcode makes at most one
+    object, no larger than the bytes it reads, so memory is bounded by the file's size.
+    """
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self.pos = 0
+        self.at = 0  # where the opcode being read starts, for messages
+        self.stack: list = []
+        self.marks: list[list] = []  # the stacks that MARKs set aside
+        self.memo: dict[int, Any] = {}
+
+    def load(self) -> Any:
+        data, opcodes = self.data, _OPCODES
+        while self.pos < len(data):
+            self.at = self.pos
+            self.pos += 1
+            opcode = opcodes.get(data[self.at])
+            if opcode is None:
+                raise _BadPickle(f"it holds {_opcode_name(data[self.at])}, which plain data never needs")
+            if opcode(self):
+                return self.stop()
+        raise _BadPickle("it ends before its STOP opcode (the file is cut short)")
+
+    def stop(self) -> Any:
+        if len(self.stack) != 1 or self.marks:
+            raise _BadPickle(f"it ends with {len(self.stack)} values and {len(self.marks)} marks on its stack, "
+                             "not one value")
+        if self.pos != len(self.data):
+            raise _BadPickle(f"{len(self.data) - self.pos} bytes follow its STOP opcode")
+        return self.stack.pop()
+
+    def take(self, count: int) -> bytes:
+        start = self.pos
+        self.pos += count
+        if self.pos > len(self.data):
+            raise _BadPickle("it ends inside an opcode (the file is cut short)")
+        return self.data[start:self.pos]
+
+    def unpack(self, layout: struct.Struct) -> int:
+        # struct.error past the end: _unpickle reports it as a file cut short
+        value = layout.unpack_from(self.data, self.pos)[0]
+        self.pos += layout.size
+        return value
+
+    def line(self) -> str:
+        end = self.data.find(b"\n", self.pos)
+        if end < 0:
+            raise _BadPickle("it ends inside an opcode (the file is cut short)")
+        text, self.pos = self.data[self.pos:end].decode("utf-8", "replace"), end + 1
+        return text
+
+    def pop_mark(self) -> list:
+        if not self.marks:
+            raise _BadPickle("it takes the values above a MARK it never set")
+        items, self.stack = self.stack, self.marks.pop()
+        return items
+
+    def top(self, kind: type) -> Any:
+        target = self.stack[-1]
+        if type(target) is not kind:
+            raise _BadPickle(f"it adds to {_describe(target)}, not to a {kind.__name__}")
+        return target
+
+
+def _opcode_name(code: int) -> str:
+    known = _OPCODE_NAMES.get(code)
+    return f"the opcode {known}" if known else f"the byte {code:#04x}, which is no opcode"
+
+
+_OPCODE_NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
+_U1, _U2, _U4, _U8 = (struct.Struct(layout) for layout in ("<B", "<H", "<I", "<Q"))
+_I4, _DOUBLE = struct.Struct("<i"), struct.Struct(">d")
+
+
+def _key(value: Any) -> Any:
+    # Hashing a tuple walks all its parts, which shared references can make 2^40 of; an integer's
+    # hash is worked out anew for each dict it keys. A snapshot's keys are strings and small numbers.
+    kind = type(value)
+    if kind in (str, bytes, float, bool, type(None)) or (kind is int and value.bit_length() <= 64):
+        return value
+    raise _BadPickle(f"it has a dict key that is {_describe(value)}; a snapshot's keys are strings and numbers")
+
+
+# Each opcode reads its arguments and changes the stack; STOP alone returns True.
+
+def _proto(reader: _PlainReader) -> None:
+    version = reader.unpack(_U1)
+    if not 2 <= version <= 5:
+        raise _BadPickle(f"it names protocol {version}; gpumem reads protocols 2 to 5")
+
+
+def _frame(reader: _PlainReader) -> None:
+    # A frame only tells a reader how much to buffer; this one holds the whole file already.
+    if reader.unpack(_U8) > len(reader.data) - reader.pos:
+        raise _BadPickle("it has a frame longer than the rest of the file")
+
+
+def _constant(value: Any) -> Callable[[_PlainReader], None]:
+    return lambda reader: reader.stack.append(value)
+
+
+def _new(kind: type) -> Callable[[_PlainReader], None]:
+    return lambda reader: reader.stack.append(kind())
+
+
+def _integer(layout: struct.Struct) -> Callable[[_PlainReader], None]:
+    return lambda reader: reader.stack.append(reader.unpack(layout))
+
+
+def _long(layout: struct.Struct) -> Callable[[_PlainReader], None]:
+    def read(reader: _PlainReader) -> None:
+        count = reader.unpack(layout)
+        if count < 0:
+            raise _BadPickle(f"it gives an integer a length of {count} bytes")
+        reader.stack.append(int.from_bytes(reader.take(count), "little", signed=True))
+    return read
+
+
+def _float(reader: _PlainReader) -> None:
+    reader.stack.append(reader.unpack(_DOUBLE))
+
+
+def _text(layout: struct.Struct) -> Callable[[_PlainReader], None]:
+    # "surrogatepass", as pickle itself decodes: Python writes lone surrogates that way.
+    return lambda reader: reader.stack.append(str(reader.take(reader.unpack(layout)), "utf-8", "surrogatepass"))
+
+
+def _binary(layout: struct.Struct) -> Callable[[_PlainReader], None]:
+    return lambda reader: reader.stack.append(reader.take(reader.unpack(layout)))
+
+
+def _mark(reader: _PlainReader) -> None:
+    reader.marks.append(reader.stack)
+    reader.stack = []
+
+
+def _pop(reader: _PlainReader) -> None:
+    reader.stack.pop()
+
+
+def _pop_mark(reader: _PlainReader) -> None:
+    reader.pop_mark()
+
+
+def _append(reader: _PlainReader) -> None:
+    value = reader.stack.pop()
+    reader.top(list).append(value)
+
+
+def _appends(reader: _PlainReader) -> None:
+    items = reader.pop_mark()
+    reader.top(list).extend(items)
+
+
+def _setitem(reader: _PlainReader) -> None:
+    value, key = reader.stack.pop(), reader.stack.pop()
+    reader.top(dict)[_key(key)] = value
+
+
+def _setitems(reader: _PlainReader) -> None:
+    items = reader.pop_mark()
+    if len(items) % 2:
+        raise _BadPickle(f"it gives SETITEMS {len(items)} values, an odd number: keys and values come in pairs")
+    target = reader.top(dict)
+    for key, value in zip(items[::2], items[1::2]):
+        target[_key(key)] = value
+
+
+def _tuple(reader: _PlainReader) -> None:
+    reader.stack.append(tuple(reader.pop_mark()))
+
+
+def _tuple_of(count: int) -> Callable[[_PlainReader], None]:
+    def make(reader: _PlainReader) -> None:
+        if len(reader.stack) < count:
+            raise IndexError
+        items = tuple(reader.stack[-count:])
+        del reader.stack[-count:]
+        reader.stack.append(items)
+    return make
+
+
+def _put(layout: struct.Struct) -> Callable[[_PlainReader], None]:
+    def put(reader: _PlainReader) -> None:
+        reader.memo[reader.unpack(layout)] = reader.stack[-1]
+    return put
+
+
+def _memoize(reader: _PlainReader) -> None:
+    reader.memo[len(reader.memo)] = reader.stack[-1]
+
+
+def _get(layout: struct.Struct) -> Callable[[_PlainReader], None]:
+    def get(reader: _PlainReader) -> None:
+        index = reader.unpack(layout)
+        try:
+            reader.stack.append(reader.memo[index])
+        except KeyError:
+            raise _BadPickle(f"it refers to memo entry {index}, which it never stored") from None
+    return get
+
+
+def _global(reader: _PlainReader) -> None:
+    # GLOBAL and INST name their global in two lines of text.
+    module = reader.line()
+    raise _Refused(f"{_cut(module)}.{_cut(reader.line())}")
+
+
+def _stack_global(reader: _PlainReader) -> None:
+    name, module = reader.stack.pop(), reader.stack.pop()
+    if isinstance(module, str) and isinstance(name, str):
+        raise _Refused(f"{_cut(module)}.{_cut(name)}")
+    raise _BadPickle(f"it names a global by {_describe(module)} and {_describe(name)}, not by two strings")
+
+
+def _stop(reader: _PlainReader) -> bool:
+    return True
+
+
+_OPCODES: dict[int, Callable[[_PlainReader], Optional[bool]]] = {
+    opcode[0]: read for opcode, read in [
+        (pickle.PROTO, _proto), (pickle.FRAME, _frame), (pickle.STOP, _stop),
+        (pickle.NONE, _constant(None)), (pickle.NEWTRUE, _constant(True)), (pickle.NEWFALSE, _constant(False)),
+        (pickle.BININT, _integer(_I4)), (pickle.BININT1, _integer(_U1)), (pickle.BININT2, _integer(_U2)),
+        (pickle.LONG1, _long(_U1)), (pickle.LONG4, _long(_I4)), (pickle.BINFLOAT, _float),
+        (pickle.SHORT_BINUNICODE, _text(_U1)), (pickle.BINUNICODE, _text(_U4)), (pickle.BINUNICODE8, _text(_U8)),
+        (pickle.SHORT_BINBYTES, _binary(_U1)), (pickle.BINBYTES, _binary(_U4)), (pickle.BINBYTES8, _binary(_U8)),
+        (pickle.EMPTY_DICT, _new(dict)), (pickle.EMPTY_LIST, _new(list)), (pickle.EMPTY_TUPLE, _constant(())),
+        (pickle.MARK, _mark), (pickle.POP, _pop), (pickle.POP_MARK, _pop_mark),
+        (pickle.APPEND, _append), (pickle.APPENDS, _appends),
+        (pickle.SETITEM, _setitem), (pickle.SETITEMS, _setitems),
+        (pickle.TUPLE, _tuple), (pickle.TUPLE1, _tuple_of(1)), (pickle.TUPLE2, _tuple_of(2)),
+        (pickle.TUPLE3, _tuple_of(3)),
+        (pickle.BINPUT, _put(_U1)), (pickle.LONG_BINPUT, _put(_U4)), (pickle.MEMOIZE, _memoize),
+        (pickle.BINGET, _get(_U1)), (pickle.LONG_BINGET, _get(_U4)),
+        (pickle.GLOBAL, _global), (pickle.INST, _global), (pickle.STACK_GLOBAL, _stack_global),
+    ]
+}
+
+
+# ---- describing values from the file ------------------------------------------------------------
+
+_SHOWN = 40  # the most characters of a value from the file that a message shows
+_TEN_TO_SHOWN = 10 ** _SHOWN
+_LOG10_2 = math.log10(2)
+_EXACT_DIGITS_BITS = 1 << 20  # past this, the power of ten that makes a digit count exact costs too much
+
+
+def _describe(value: Any) -> str:
+    """A value from the file for a message: one short line, made without walking or hashing it."""
+    if value is None or isinstance(value, (bool, float)):
+        return repr(value)
+    if isinstance(value, int):
+        return _describe_integer(value)
+    if isinstance(value, str):
+        return repr(value) if len(value) <= _SHOWN else f"{value[:_SHOWN]!r}… ({len(value)} characters)"
+    if isinstance(value, dict):
+        return _count("a dict of", len(value), "key") if value else "an empty dict"
+    if isinstance(value, (bytes, bytearray)):
+        return _count("a byte string of", len(value), "byte")
+    kind = type(value).__name__
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
+def _count(what: str, count: int, unit: str) -> str:
+    return f"{what} {count} {unit}{'' if count == 1 else 's'}"
+
+
+def _describe_integer(value: int) -> str:
+    # str() refuses integers past 4300 digits, and its work grows with the square of their length.
+    if -_TEN_TO_SHOWN < value < _TEN_TO_SHOWN:
+        return str(value)
+    magnitude = abs(value)
+    digits = int(magnitude.bit_length() * _LOG10_2) + 1  # the count of digits, or one more
+    if magnitude.bit_length() > _EXACT_DIGITS_BITS:
+        return f"an integer of about {digits} digits"
+    return f"an integer of {digits if magnitude >= 10 ** (digits - 1) else digits - 1} digits"
+
+
+def _cut(text: str) -> str:
+    """A string for a message, without quotes: at most _SHOWN characters, on one line."""
+    shown = text[:_SHOWN] if text[:_SHOWN].isprintable() else repr(text[:_SHOWN])[1:-1]
+    return shown if len(text) <= _SHOWN else f"{shown}… ({len(text)} characters)"
 
 
 # ---- shape checks -------------------------------------------------------------------------------
 
 
-class _Shape:
-    """Checks of the snapshot's structure, each raising SnapshotError with the place in the file."""
+class _Range(NamedTuple):
+    low: int
+    high: int  # included
+    what: str  # what a value in the range is, for messages
 
-    def __init__(self, source: str):
+
+_SIZE = _Range(0, MAX_BYTES, "a size in bytes (0 to 2^62)")
+_ADDRESS = _Range(0, (1 << 64) - 1, "an address (0 to 2^64 - 1)")
+_STREAM = _Range(-(1 << 63), (1 << 64) - 1, "a stream (-2^63 to 2^64 - 1)")
+_TIME = _Range(-(1 << 63), (1 << 63) - 1, "a time in microseconds (-2^63 to 2^63 - 1)")
+_DEVICE = _Range(0, MAX_DEVICES - 1, f"a device index (0 to {MAX_DEVICES - 1})")
+_TOTAL = _Range(1, MAX_BYTES, "a device's memory in bytes (1 to 2^62)")
+_LONGEST_NAME = max(len(name) for name in ACTIONS | BLOCK_STATES)
+
+
+class _Shape:
+    """Checks of the snapshot's structure, each raising SnapshotError with the place in the file.
+
+    Every container it walks is claimed once (see the module's docstring on sharing); `budget` caps
+    the entries walked, None for none.
+    """
+
+    def __init__(self, source: str, budget: Optional[int]):
         self.source = source
+        self.budget = budget
+        self.walked = 0
+        self.claimed: set[int] = set()  # ids of the containers walked; the data keeps them alive
 
     def fail(self, where: str, what: str) -> SnapshotError:
         return SnapshotError(
@@ -181,89 +575,153 @@ class _Shape:
             "torch.cuda.memory._dump_snapshot writes"
         )
 
-    def mapping(self, value: Any, where: str, keys: tuple[str, ...]) -> dict:
+    def claim(self, value: Any, where: str, entries: int) -> None:
+        if id(value) in self.claimed:
+            raise self.fail(where, "is the same object as an earlier one; a snapshot from torch never shares them")
+        self.claimed.add(id(value))
+        self.walked += entries
+        if self.budget is not None and self.walked > self.budget:
+            raise self.fail(where, f"takes the entries to walk past {self.budget}, more than a file of its size holds")
+
+    def mapping(self, value: Any, where: str) -> dict:
         if not isinstance(value, dict):
-            raise self.fail(where, f"is a {type(value).__name__}, not a dict")
+            raise self.fail(where, f"is {_describe(value)}, not a dict")
+        self.claim(value, where, 1)
+        return value
+
+    def require(self, value: dict, where: str, keys: tuple[str, ...]) -> dict:
         missing = [k for k in keys if k not in value]
         if missing:
             raise self.fail(where, f"has no {', '.join(repr(k) for k in missing)}")
         return value
 
-    def sequence(self, value: Any, where: str) -> Union[list, tuple]:
+    def sequence(self, value: Any, where: str, most: Optional[int] = None) -> Union[list, tuple]:
         if not isinstance(value, (list, tuple)):
-            raise self.fail(where, f"is a {type(value).__name__}, not a list")
+            raise self.fail(where, f"is {_describe(value)}, not a list")
+        if most is not None and len(value) > most:
+            raise self.fail(where, f"has {len(value)} entries, more than {most}")
+        self.claim(value, where, len(value))
         return value
 
-    def integer(self, value: Any, where: str) -> int:
+    def integer(self, value: Any, where: str, bounds: _Range) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(where, f"is {value!r}, not an integer")
+            raise self.fail(where, f"is {_describe(value)}, not an integer")
+        if not bounds.low <= value <= bounds.high:
+            raise self.fail(where, f"is {_describe(value)}, not {bounds.what}")
         return value
 
-    def text(self, value: Any, where: str, allowed: frozenset) -> str:
-        if value not in allowed:
-            raise self.fail(where, f"is {value!r}, not one of {', '.join(sorted(allowed))}")
+    def number(self, entry: dict, at: str, key: str, bounds: _Range, default: Any = None) -> int:
+        """entry[key], or `default` where it has none, checked; the place is spelled out only to fail."""
+        value = entry.get(key, default)
+        if type(value) is int and bounds.low <= value <= bounds.high:
+            return value
+        return self.integer(value, f"{at}[{key!r}]", bounds)
+
+    def string(self, value: Any, where: str) -> str:
+        if not isinstance(value, str):
+            raise self.fail(where, f"is {_describe(value)}, not a string")
+        return value
+
+    def name(self, value: Any, where: str, allowed: frozenset) -> str:
+        # Type and length first: only then is hashing it for the lookup cheap and safe.
+        if not isinstance(value, str) or len(value) > _LONGEST_NAME or value not in allowed:
+            raise self.fail(where, f"is {_describe(value)}, not one of {', '.join(sorted(allowed))}")
         return value
 
 
-def _events(shape: _Shape, entries: Any, device: int) -> list[Event]:
+def _check(shape: _Shape, data: Any) -> Snapshot:
+    top = shape.require(shape.mapping(data, "the top level"), "the top level", ("segments", "device_traces"))
+    traces, has_times = {}, True
+    for device, entries in enumerate(shape.sequence(top["device_traces"], "device_traces", most=MAX_DEVICES)):
+        traces[device], timed = _trace(shape, entries, device)
+        has_times = has_times and timed
+    segments = shape.sequence(top["segments"], "segments")
+    settings = top.get("allocator_settings")
+    snapshot = Snapshot(
+        source=shape.source,
+        segments=[_segment(shape, s, i) for i, s in enumerate(segments)],
+        traces=traces,
+        allocator_settings=settings if isinstance(settings, dict) else {},
+        device_totals=_device_totals(shape, top.get(DEVICE_TOTALS_KEY)),
+        has_times=has_times,
+    )
+    if not snapshot.devices():
+        raise SnapshotError(f"{shape.source}: the trace is empty: no device has an alloc or free event; {_RECORD_HINT}")
+    return snapshot
+
+
+def _trace(shape: _Shape, entries: Any, device: int) -> tuple[list[Event], bool]:
+    """A device's events, and whether each has a time (read here: the raw entries are walked once)."""
     where = f"device_traces[{device}]"
-    return [_event(shape, e, i, f"{where}[{i}]") for i, e in enumerate(shape.sequence(entries, where))]
+    events, timed = [], True
+    for i, entry in enumerate(shape.sequence(entries, where)):
+        at = f"{where}[{i}]"
+        entry = shape.mapping(entry, at)
+        timed = timed and "time_us" in entry
+        events.append(_event(shape, entry, i, at))
+    return events, timed
 
 
-def _event(shape: _Shape, entry: Any, index: int, where: str) -> Event:
-    entry = shape.mapping(entry, where, ("action",))
-    action = shape.text(entry["action"], f"{where}['action']", ACTIONS)
-    needed = ("addr", "size") if action in _ALLOC_OR_FREE else ()
-    shape.mapping(entry, where, needed)
+def _event(shape: _Shape, entry: dict, index: int, where: str) -> Event:
+    action = shape.name(shape.require(entry, where, ("action",))["action"], f"{where}['action']", ACTIONS)
+    shape.require(entry, where, ("addr", "size") if action in _ALLOC_OR_FREE else ())
     return Event(
         index=index,
         action=action,
-        addr=shape.integer(entry.get("addr", 0), f"{where}['addr']"),
-        size=shape.integer(entry.get("size", 0), f"{where}['size']"),
-        stream=shape.integer(entry.get("stream", 0), f"{where}['stream']"),
-        time_us=shape.integer(entry.get("time_us", index), f"{where}['time_us']"),
+        addr=shape.number(entry, where, "addr", _ADDRESS, 0),
+        size=shape.number(entry, where, "size", _SIZE, 0),
+        stream=shape.number(entry, where, "stream", _STREAM, 0),
+        time_us=shape.number(entry, where, "time_us", _TIME, index),
     )
 
 
 def _segment(shape: _Shape, entry: Any, index: int) -> Segment:
     where = f"segments[{index}]"
-    entry = shape.mapping(entry, where, ("address", "total_size", "blocks"))
-    address = shape.integer(entry["address"], f"{where}['address']")
+    entry = shape.require(shape.mapping(entry, where), where, ("address", "total_size", "blocks"))
+    address = shape.number(entry, where, "address", _ADDRESS)
+    return Segment(
+        device=shape.number(entry, where, "device", _DEVICE, 0),
+        address=address,
+        total_size=shape.number(entry, where, "total_size", _SIZE),
+        allocated_size=shape.number(entry, where, "allocated_size", _SIZE, 0),
+        stream=shape.number(entry, where, "stream", _STREAM, 0),
+        segment_type=shape.string(entry.get("segment_type", ""), f"{where}['segment_type']"),
+        blocks=_blocks(shape, entry["blocks"], address, f"{where}['blocks']"),
+    )
+
+
+def _blocks(shape: _Shape, entries: Any, address: int, where: str) -> tuple[Block, ...]:
     blocks, offset = [], 0
-    for i, block in enumerate(shape.sequence(entry["blocks"], f"{where}['blocks']")):
-        at = f"{where}['blocks'][{i}]"
-        block = shape.mapping(block, at, ("size", "state"))
-        size = shape.integer(block["size"], f"{at}['size']")
-        # Older snapshots leave the address out: blocks tile the segment in address order.
+    for i, block in enumerate(shape.sequence(entries, where)):
+        at = f"{where}[{i}]"
+        block = shape.require(shape.mapping(block, at), at, ("size", "state"))
+        size = shape.number(block, at, "size", _SIZE)
         blocks.append(Block(
-            address=shape.integer(block.get("address", address + offset), f"{at}['address']"),
+            # Older snapshots leave the address out: blocks tile the segment in address order.
+            address=shape.number(block, at, "address", _ADDRESS, address + offset),
             size=size,
-            requested_size=shape.integer(block.get("requested_size", size), f"{at}['requested_size']"),
-            state=shape.text(block["state"], f"{at}['state']", BLOCK_STATES),
+            requested_size=shape.number(block, at, "requested_size", _SIZE, size),
+            state=shape.name(block["state"], f"{at}['state']", BLOCK_STATES),
         ))
         offset += size
-    return Segment(
-        device=shape.integer(entry.get("device", 0), f"{where}['device']"),
-        address=address,
-        total_size=shape.integer(entry["total_size"], f"{where}['total_size']"),
-        allocated_size=shape.integer(entry.get("allocated_size", 0), f"{where}['allocated_size']"),
-        stream=shape.integer(entry.get("stream", 0), f"{where}['stream']"),
-        segment_type=str(entry.get("segment_type", "")),
-        blocks=tuple(blocks),
-    )
+    return tuple(blocks)
 
 
 def _device_totals(shape: _Shape, value: Any) -> dict[int, int]:
     if value is None:
         return {}
-    items = value.items() if isinstance(value, dict) else enumerate(shape.sequence(value, DEVICE_TOTALS_KEY))
+    if isinstance(value, dict):
+        if len(value) > MAX_DEVICES:
+            raise shape.fail(DEVICE_TOTALS_KEY, f"has {len(value)} entries, more than {MAX_DEVICES}")
+        items = shape.mapping(value, DEVICE_TOTALS_KEY).items()
+    else:
+        items = enumerate(shape.sequence(value, DEVICE_TOTALS_KEY, most=MAX_DEVICES))
     totals = {}
     for device, total in items:
-        where = f"{DEVICE_TOTALS_KEY}[{device!r}]"
-        totals[shape.integer(device, where)] = shape.integer(total, where)
+        device = shape.integer(device, f"a key of {DEVICE_TOTALS_KEY}", _DEVICE)
+        totals[device] = shape.integer(total, f"{DEVICE_TOTALS_KEY}[{device}]", _TOTAL)
     return totals
 
 
 def _has_alloc_or_free(events: list[Event]) -> bool:
     return any(e.action in _ALLOC_OR_FREE for e in events)
-
