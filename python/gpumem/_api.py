@@ -1,4 +1,12 @@
-"""The public functions. Each one validates everything before it changes anything."""
+"""The public functions. Each one validates everything before it changes anything, and its
+arguments before it asks for a device: a typo is reported as one on a machine without a GPU too.
+
+Errors, the same in every call: a bad value raises ValueError (TypeError for a value of the wrong
+type) naming it and the accepted forms; a device that does not exist where others do, ValueError
+naming the ones there are; no CUDA device visible at all, RuntimeError ("gpumem: no CUDA device
+is visible to this process"; its class is gpumem._devices.NoDeviceError); PyTorch's own allocator
+already in use, RuntimeError saying how to enable gpumem first.
+"""
 from __future__ import annotations
 
 import numbers
@@ -11,6 +19,7 @@ import torch
 from gpumem import _C, _devices, _env, _limits, _segments, _torch_hooks
 from gpumem._devices import Device
 from gpumem._limits import Limit
+from gpumem._words import shown
 
 # Installing and applying GPUMEM_LIMIT and GPUMEM_SEGMENTS happen once; a set_limit or set_segments
 # racing with it must come after.
@@ -31,9 +40,11 @@ def set_limit(limit: Limit, device: Device = None) -> None:
     `limit` is a spec ("4GB", "512 MiB", "50%", "0.5", "none"), an int byte count, a float
     fraction of the device in (0, 1], or None for no limit. The first call installs gpumem as
     PyTorch's CUDA allocator (GPUMEM_LIMIT applies first, then this limit). A bad value, or a
-    value that does not fit one of the devices, raises and changes nothing.
+    value that does not fit one of the devices, raises and changes nothing; the errors are the
+    module's (see its docstring).
     """
     spec = _limits.spec_of(limit)
+    _limits.check_syntax(spec)
     with _lock:
         _refuse_if_torch_allocator_in_use()
         limits = _limits.resolve(spec, _devices.targets(device))
@@ -110,9 +121,11 @@ def set_release_threshold(share: float, device: Device = None) -> None:
 
     `share` is in (0, 1]; 0 turns the policy off. Applies to every visible device, or to `device`.
     """
-    # The range is checked by _C, on the first device, before any device changes.
     if isinstance(share, bool) or not isinstance(share, numbers.Real):
-        raise TypeError(f"gpumem: release threshold {share!r} is not a number in [0, 1]")
+        raise TypeError(f"gpumem: release threshold {shown(share)} is not a number in [0, 1]")
+    if not 0 <= share <= 1:  # as the compiled layer checks it, but before any device is asked
+        raise ValueError(f"gpumem: bad release threshold {shown(share)}: expected a share of the limit in "
+                         "(0, 1], or 0 to turn it off")
     for index in _devices.targets(device):
         _C.set_release_threshold(index, float(share))
     _torch_hooks.fixed["release_threshold"] = True
@@ -122,7 +135,7 @@ def device_mem_info(device: Device = None) -> tuple[int, int]:
     """(free, total) bytes of the device itself, as CUDA reports them: what torch.cuda.mem_get_info
     returns without gpumem. Under gpumem torch.cuda.mem_get_info gives the capped view (total = the
     limit, free = what could still be reserved under it), unless set_mem_info_view("device")."""
-    return _torch_hooks.device_mem_info(device)
+    return _torch_hooks.device_mem_info(_devices.index(device))
 
 
 def set_mem_info_view(view: str) -> None:

@@ -33,16 +33,21 @@ Note [when a bad GPUMEM_LIMIT is caught]
 """
 from __future__ import annotations
 
+import linecache
 import os
 import re
 import sys
-from typing import Optional
 
 from gpumem import _api, _env
+from gpumem._words import bounded, shown
 
 EXIT_BAD_LIMIT = 2
 
 state = "not run"
+
+# The line of the `gpumem` console script (the wrapper pip writes for the entry point
+# gpumem.cli:main) that imports gpumem, and with it torch.
+_CONSOLE_SCRIPT_IMPORT = re.compile(r"\s*from\s+gpumem\.cli\s+import\s+main\s*(?:#.*)?")
 
 
 def install() -> None:
@@ -55,60 +60,52 @@ def install() -> None:
     if _is_the_gpumem_command():
         state = "skipped: the gpumem command"
         return
-    _stop_if_bad(text, _syntax_error(text))
-    _stop_if_bad_setting(_env.SEGMENTS_VARIABLE, _env.segments)
-    _stop_if_bad_setting(_env.MEM_INFO_VARIABLE, _env.mem_info_view)
+    try:
+        _env.resolve_limit(text)
+        _env.segments()
+        _env.mem_info_view()
+    except _env.SettingError as error:
+        _stop_for(error)
     try:
         _api.enable()
     except Exception as error:  # noqa: BLE001: whatever it is, the program must not run uncapped
-        _stop(f"gpumem: GPUMEM_LIMIT={text!r} is set but gpumem could not be installed "
-              f"({_without_prefixes(str(error), text)}); the program stops rather than run without "
-              "the cap.")
+        reason = bounded(str(error).removeprefix("gpumem: "))
+        _stop(f"gpumem: {_env.VARIABLE}={shown(text)} is set but gpumem could not be installed ({reason}); "
+              "the program stops rather than run without the cap.")
     state = "installed"
-
-
-def _syntax_error(text: str) -> Optional[str]:
-    try:
-        _env.limit_text({_env.VARIABLE: text})
-    except ValueError as error:
-        return str(error)
-    return None
-
-
-def _stop_if_bad_setting(variable: str, read) -> None:
-    try:
-        read()
-    except ValueError as error:
-        text = os.environ[variable]
-        reason = _without_prefixes(str(error), text, variable).rstrip(".")
-        _stop(f'gpumem: bad {variable} "{text}": {reason}. The program stops rather than '
-              f"run with settings it did not ask for: fix {variable} or unset it.")
 
 
 def _is_the_gpumem_command() -> bool:
     """The gpumem command reads GPUMEM_LIMIT itself (`gpumem info` reports a bad one, `gpumem run`
-    hands it to the program it starts) and allocates no CUDA memory, so it is left alone."""
-    if os.path.basename(sys.argv[0]) == "gpumem":  # the console script
-        return True
-    # `python -m gpumem`: runpy imports the package, and with it torch, while argv[0] is "-m".
+    hands it to the program it starts) and allocates no CUDA memory, so it is left alone. It is
+    known by what it runs, not by its name: a user's own script called gpumem gets the hook."""
+    return _is_the_console_script() or _is_python_m_gpumem()
+
+
+def _is_the_console_script() -> bool:
+    # The hook runs inside the import of torch; the console script's main module is at the line
+    # that imports gpumem.cli (which imports the package, which imports torch).
+    frame = sys._getframe()
+    while frame is not None and not (frame.f_globals.get("__name__") == "__main__"
+                                     and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back
+    if frame is None:
+        return False
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    return _CONSOLE_SCRIPT_IMPORT.fullmatch(line.rstrip("\n")) is not None
+
+
+def _is_python_m_gpumem() -> bool:
+    # runpy imports the package, and with it torch, while argv[0] is "-m".
     argv = list(getattr(sys, "orig_argv", []))
     return sys.argv[:1] == ["-m"] and "-m" in argv and argv[argv.index("-m") + 1:][:1] == ["gpumem"]
 
 
-def _stop_if_bad(text: str, error: Optional[str]) -> None:
-    if error is not None:
-        reason = _without_prefixes(error, text).rstrip(".")
-        _stop(f'gpumem: bad {_env.VARIABLE} "{text}": {reason}. The program stops rather than run '
-              f"without the cap: fix {_env.VARIABLE} or unset it.")
-
-
-def _without_prefixes(message: str, text: str, variable: str = _env.VARIABLE) -> str:
-    """The reason alone: without "gpumem: ", nor what the line already says (the variable, the value)."""
-    prefixes = re.compile(rf'gpumem: |{variable}={re.escape(repr(text))} cannot be applied: '
-                          r'|bad limit(?: list)? "[^"]*": ')
-    while (found := prefixes.match(message)) is not None:
-        message = message[found.end():]
-    return message
+def _stop_for(error: _env.SettingError) -> None:
+    instead = "without the cap" if error.variable == _env.VARIABLE else "with settings it did not ask for"
+    value = shown(error.text, quote='"')  # quoted as the compiled layer quotes it at CUDA init
+    _stop(f"gpumem: bad {error.variable} {value}: {error.reason}. The program stops rather than run "
+          f"{instead}: fix {error.variable} or unset it.")
 
 
 def _stop(line: str) -> None:

@@ -1,4 +1,9 @@
-"""Which CUDA devices a call means, numbered as CUDA numbers them (CUDA_VISIBLE_DEVICES applies)."""
+"""Which CUDA devices a call means, numbered as CUDA numbers them (CUDA_VISIBLE_DEVICES applies).
+
+Where no CUDA device is visible at all, every call that needs one raises NoDeviceError, a
+RuntimeError: the machine, not the argument, is what is wrong. A device that does not exist where
+others do is a bad argument: ValueError, naming the devices there are.
+"""
 from __future__ import annotations
 
 import numbers
@@ -7,8 +12,16 @@ from typing import Union
 import torch
 
 from gpumem import _C
+from gpumem._words import shown
 
 Device = Union[int, str, torch.device, None]
+
+
+class NoDeviceError(RuntimeError):
+    """No CUDA device is visible to this process."""
+
+    def __init__(self) -> None:
+        super().__init__("gpumem: no CUDA device is visible to this process (see CUDA_VISIBLE_DEVICES)")
 
 
 def current() -> int:
@@ -18,28 +31,26 @@ def current() -> int:
 
 
 def every() -> list[int]:
-    count = _C.device_count()
-    if count == 0:
-        raise RuntimeError("gpumem: no CUDA device is visible to this process (see CUDA_VISIBLE_DEVICES)")
-    return list(range(count))
+    return list(range(_count()))
 
 
 def index(device: Device) -> int:
     """The index of 1, "cuda:1" or torch.device("cuda", 1); None (or "cuda") is the current device."""
     if device is None:
+        _count()
         return current()
     if isinstance(device, bool):
-        raise TypeError(f"gpumem: device {device!r} is a bool; give an index, 'cuda:N' or a torch.device")
+        raise TypeError(f"gpumem: device {device} is a bool; give an index, 'cuda:N' or a torch.device")
     if isinstance(device, numbers.Integral):
         return _checked(int(device))
     if isinstance(device, str):
         device = _parse(device)
     if isinstance(device, torch.device):
         if device.type != "cuda":
-            raise ValueError(f"gpumem: {str(device)!r} is not a CUDA device")
-        return current() if device.index is None else _checked(device.index)
+            raise ValueError(f"gpumem: {shown(str(device))} is not a CUDA device")
+        return index(None) if device.index is None else _checked(device.index)
     raise TypeError(
-        f"gpumem: device {device!r} ({type(device).__name__}) is not an index, 'cuda:N' or a torch.device"
+        f"gpumem: device {shown(device)} ({type(device).__name__}) is not an index, 'cuda:N' or a torch.device"
     )
 
 
@@ -57,15 +68,21 @@ def _parse(text: str) -> torch.device:
     try:
         return torch.device(text)
     except RuntimeError:
-        raise ValueError(f"gpumem: {text!r} is not a device; give an index, 'cuda:N' or a torch.device") from None
+        raise ValueError(f"gpumem: {shown(text)} is not a device; give an index, 'cuda:N' or a torch.device") from None
 
 
 def _checked(device: int) -> int:
-    count = _C.device_count()
+    count = _count()
     if not 0 <= device < count:
-        visible = f"devices 0..{count - 1}" if count else "no device"
         raise ValueError(
-            f"gpumem: there is no CUDA device {device}; this process sees {visible} "
+            f"gpumem: there is no CUDA device {shown(device)}; this process sees devices 0..{count - 1} "
             "(CUDA_VISIBLE_DEVICES applies)"
         )
     return device
+
+
+def _count() -> int:
+    count = _C.device_count()
+    if count == 0:
+        raise NoDeviceError()
+    return count

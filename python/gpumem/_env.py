@@ -11,39 +11,58 @@ used, by the compiled layer (csrc/torch/startup.h).
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
-from gpumem import _C, _segments, _torch_hooks
+from gpumem import _C, _limits, _segments, _torch_hooks
+from gpumem._words import bounded, shown
 
 VARIABLE = "GPUMEM_LIMIT"
 SEGMENTS_VARIABLE = "GPUMEM_SEGMENTS"
 MEM_INFO_VARIABLE = "GPUMEM_MEM_INFO"
-_ANY_TOTAL = 1 << 62  # checks a spec's syntax: every real device is smaller
+
+
+class SettingError(ValueError):
+    """A variable's value that gpumem refuses; `reason` says why without naming the two."""
+
+    def __init__(self, variable: str, text: str, reason: str):
+        reason = bounded(reason)
+        super().__init__(f"gpumem: {variable}={shown(text)} cannot be applied: {reason}")
+        self.variable, self.text, self.reason = variable, text, reason
 
 
 def limit_text(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     """GPUMEM_LIMIT's value (None when unset), its syntax checked without asking any device; a bad
-    one raises ValueError naming the variable, its value and the accepted forms."""
+    one raises SettingError (a ValueError) naming the variable, its value and the accepted forms."""
     text = environ.get(VARIABLE)
-    if text is None:
-        return None
-    try:
-        for _, spec in _C.parse_limit_assignments(text):
-            _C.parse_limit(spec, _ANY_TOTAL)
-    except ValueError as error:
-        raise ValueError(f"gpumem: {VARIABLE}={text!r} cannot be applied: {error}") from None
+    if text is not None:
+        resolve_limit(text)
     return text
+
+
+def resolve_limit(text: str, totals: Optional[Sequence[int]] = None) -> Optional[list[Optional[int]]]:
+    """GPUMEM_LIMIT=`text` on devices of these totals in bytes: each one's limit (None for none),
+    as the compiled layer applies it at their first use; for totals None, its syntax alone is
+    checked and None returned. What cannot be applied raises SettingError. The one check of
+    GPUMEM_LIMIT: the hook, enable() and `gpumem info` give the same verdict."""
+    try:
+        if totals is not None:
+            return _C.resolve_limit_text(text, list(totals))
+        for _, spec in _C.parse_limit_assignments(text):
+            _limits.check_syntax(spec)
+    except ValueError as error:
+        raise SettingError(VARIABLE, text, _limits.reason(error)) from None
+    return None
 
 
 def segments(environ: Mapping[str, str] = os.environ) -> Optional[bool]:
     """Whether GPUMEM_SEGMENTS asks for growable segments; None when it is unset. A bad value
-    raises ValueError naming the variable, its value and the accepted forms."""
+    raises SettingError naming the variable, its value and the accepted forms."""
     return _setting(environ, SEGMENTS_VARIABLE, _segments.growable, _segments.FORMS)
 
 
 def mem_info_view(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     """GPUMEM_MEM_INFO's view of torch.cuda.mem_get_info; None when it is unset. A bad value raises
-    ValueError as segments() does."""
+    SettingError as segments() does."""
     return _setting(environ, MEM_INFO_VARIABLE, _torch_hooks.view_of, _torch_hooks.VIEW_FORMS)
 
 
@@ -54,4 +73,5 @@ def _setting(environ: Mapping[str, str], variable: str, parse, forms: str):
     try:
         return parse(text)
     except ValueError:
-        raise ValueError(f"gpumem: {variable}={text!r} cannot be applied: give {forms}") from None
+        raise SettingError(variable, text, f"give {forms}") from None
+

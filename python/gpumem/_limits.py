@@ -4,11 +4,18 @@ from __future__ import annotations
 import decimal
 import math
 import numbers
+import re
 from typing import Optional, Union
 
 from gpumem import _C, _devices
+from gpumem._words import bounded, shown
 
 Limit = Union[str, int, float, None]
+ANY_TOTAL = 1 << 62  # checks a spec's syntax: every real device is smaller
+# What the compiled layer's messages say before the reason: "gpumem: ", and the text they quote
+# ('bad limit "4XB": ', 'bad GPUMEM_LIMIT "9:4GB": '; a quoted text may be followed by its length).
+_QUOTING_PREFIX = re.compile(r'gpumem: |bad (?:limit(?: list)?|GPUMEM_LIMIT) "(?:[^"\\]|\\.)*"[^:]*: ', re.DOTALL)
+_QUOTE = '"'  # the grammar's messages quote a limit so
 
 
 def spec_of(limit: Limit) -> str:
@@ -18,25 +25,57 @@ def spec_of(limit: Limit) -> str:
     if isinstance(limit, str):
         return limit
     if isinstance(limit, bool):
-        raise TypeError(f"gpumem: limit {limit!r} is a bool. Accepted forms: {_C.limit_forms}, or None")
+        raise TypeError(f"gpumem: limit {limit} is a bool. Accepted forms: {_C.limit_forms}, or None")
     if isinstance(limit, numbers.Integral):
-        return str(int(limit))
+        return _count_text(int(limit))
     if isinstance(limit, numbers.Real):
         return _fraction_text(float(limit))
     raise TypeError(
-        f"gpumem: limit {limit!r} ({type(limit).__name__}) is not a spec string, an int byte count, "
+        f"gpumem: limit {shown(limit)} ({type(limit).__name__}) is not a spec string, an int byte count, "
         f"a float fraction or None. Accepted forms: {_C.limit_forms}"
     )
 
 
+def check_syntax(spec: str) -> None:
+    """Raises ValueError naming `spec` and the accepted forms if it is not a limit on any device;
+    asks no device, so a typo is reported as one on a machine without a GPU too."""
+    parse(spec, ANY_TOTAL)
+
+
+def parse(spec: str, total: int) -> Optional[int]:
+    """Bytes for `spec` on a device of `total` bytes (None for no limit), as the compiled grammar
+    reads it; its ValueError comes with `spec` shown as gpumem's messages show the user's text."""
+    try:
+        return _C.parse_limit(spec, total)
+    except ValueError as error:
+        raise ValueError(f"gpumem: bad limit {shown(spec, quote=_QUOTE)}: {bounded(reason(error))}") from None
+
+
+def reason(error: ValueError) -> str:
+    """The compiled layer's error about a limit, without what a message that names the limit
+    itself says: "gpumem: " and the quoted text."""
+    message = str(error)
+    while (found := _QUOTING_PREFIX.match(message)) is not None:
+        message = message[found.end():]
+    return message.rstrip(".")
+
+
 def resolve(spec: str, devices: list[int]) -> dict[int, Optional[int]]:
     """Bytes for `spec` on each device (None for no limit); raises ValueError before anything changes."""
-    return {device: _C.parse_limit(spec, _devices.total(device)) for device in devices}
+    return {device: parse(spec, _devices.total(device)) for device in devices}
+
+
+def _count_text(count: int) -> str:
+    # Python refuses to write an int of more than 4300 digits as text; no device is near 2**64 bytes.
+    if abs(count) >= 1 << 64:
+        raise ValueError(f"gpumem: limit {shown(count)} is out of range: a byte count is from 1 to the "
+                         f"device's total. Accepted forms: {_C.limit_forms}")
+    return str(count)
 
 
 def _fraction_text(value: float) -> str:
     if not math.isfinite(value):
-        raise ValueError(f"gpumem: limit {value!r} is not a number of bytes. Accepted forms: {_C.limit_forms}")
+        raise ValueError(f"gpumem: limit {value} is not a number of bytes. Accepted forms: {_C.limit_forms}")
     # The shortest text that reads back as `value`, written out without an exponent ("1e-05" would
     # not parse): the grammar's fraction form.
     return format(decimal.Decimal(repr(value)), "f")

@@ -1,6 +1,20 @@
-"""A setting that takes one of a few names ("growable" or "plain", "capped" or "device"), read the
-same way everywhere: any case, blanks around ignored."""
+"""Words in gpumem's messages: the settings that take one of a few names ("growable" or "plain",
+"capped" or "device"), read the same way everywhere (any case, blanks around ignored), and the
+user's own text echoed back in a message, escaped and shortened.
+
+Note [echoing the user's text]
+  A value from outside (an argument, a variable, a file) may hold control characters that would
+  drive the terminal, or run to megabytes. A message shows it through `shown`: quoted,
+  non-printable characters escaped as Python escapes them, and cut after VALUE_LENGTH characters
+  with the full length said (a path through `shown_path`, cut only past what a path can be). A
+  message relayed from a lower layer, which may quote such text itself, goes out through
+  `bounded`: escaped the same way and cut after MESSAGE_LENGTH.
+"""
 from __future__ import annotations
+
+VALUE_LENGTH = 60
+MESSAGE_LENGTH = 1000
+PATH_LENGTH = 4096  # PATH_MAX on Linux: a path the system would take is never cut
 
 
 def forms(words: tuple[str, ...]) -> str:
@@ -11,8 +25,53 @@ def one_of(value: object, words: tuple[str, ...], what: str) -> str:
     """The name `value` gives; anything else raises, naming `what`, the value and the accepted
     forms: ValueError for a string, TypeError for another type."""
     if not isinstance(value, str):
-        raise TypeError(f"gpumem: {what} {value!r} ({type(value).__name__}) is not a string; give {forms(words)}")
+        raise TypeError(f"gpumem: {what} {shown(value)} ({type(value).__name__}) is not a string; "
+                        f"give {forms(words)}")
     word = value.strip().lower()
     if word not in words:
-        raise ValueError(f"gpumem: bad {what} {value!r}: give {forms(words)}")
+        raise ValueError(f"gpumem: bad {what} {shown(value)}: give {forms(words)}")
     return word
+
+
+def shown(value: object, quote: str = "'", limit: int = VALUE_LENGTH) -> str:
+    """`value` as a message shows it: a string quoted with `quote` (as repr quotes it, for the
+    default), its non-printable characters escaped, cut after `limit` characters with the full
+    length said, e.g. 'xxxx'… (10000000 characters); anything else by its repr, cut the same way.
+    See Note [echoing the user's text]."""
+    if not isinstance(value, str):
+        return _cut(_repr(value), limit, "")
+    return _cut(value, limit, quote)
+
+
+def shown_path(path: str) -> str:
+    """A file's path or a program's name, as `shown` shows a value, cut only past PATH_LENGTH."""
+    return shown(path, limit=PATH_LENGTH)
+
+
+def bounded(message: str) -> str:
+    """A relayed message, escaped and cut as `shown` does, without quotes."""
+    return shown(message, quote="", limit=MESSAGE_LENGTH)
+
+
+def _cut(text: str, limit: int, quote: str) -> str:
+    parts, used = [], 0
+    for char in text:
+        escaped = _escaped(char, quote)
+        if used + len(escaped) > limit:
+            return f"{quote}{''.join(parts)}{quote}… ({len(text)} characters)"
+        parts.append(escaped)
+        used += len(escaped)
+    return f"{quote}{''.join(parts)}{quote}"
+
+
+def _escaped(char: str, quote: str) -> str:
+    if quote and char in (quote, "\\"):
+        return "\\" + char
+    return char if char.isprintable() else repr(char)[1:-1]
+
+
+def _repr(value: object) -> str:
+    try:
+        return repr(value)
+    except Exception:  # noqa: BLE001: a broken __repr__ must not hide the message it is part of
+        return f"<a {type(value).__name__}>"

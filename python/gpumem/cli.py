@@ -7,27 +7,46 @@
     gpumem replay SNAPSHOT                       uncapped: its peaks, and the smallest limit
     gpumem replay ... --segments plain           ... with plain segments (default: growable)
 
-Exit status: 0 on success (for replay: the trace fits); 1 when a replay does not fit (or, for
-info, GPUMEM_LIMIT or GPUMEM_SEGMENTS is invalid); 2 for a usage error: bad arguments, a bad
-limit, a snapshot that cannot be read. `run` passes the program's own exit status through (127 if
-it is not found).
+Exit status:
+  0    success; for replay, the trace fits
+  1    a replay does not fit
+  2    anything else went wrong: bad arguments, a bad limit, a snapshot that cannot be read or is
+       not one, an invalid GPUMEM_LIMIT, GPUMEM_SEGMENTS or GPUMEM_MEM_INFO in `gpumem info`, a
+       --plot that could not be written (the replay's own result is printed all the same), an
+       internal error
+  130  interrupted (Ctrl-C)
+  141  the output was cut off (the reader of a pipe went away, as in `gpumem info | head -1`)
+`run` becomes the program (exec), so the exit status is the program's own; 127 if it is not
+found, 126 if it cannot be executed.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib.util
 import os
+import re
+import signal
 import sys
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
-from gpumem import _C, _segments
+from gpumem import _C, _env, _limits, _segments
+from gpumem._words import bounded, shown, shown_path
 
-EXIT_FAILED = 1
+EXIT_DOES_NOT_FIT = 1
 EXIT_USAGE = 2
-_ANY_TOTAL = 1 << 62  # checks a spec's syntax: every real device is smaller
-_LIMIT_VARIABLE = "GPUMEM_LIMIT"
-_SEGMENTS_VARIABLE = "GPUMEM_SEGMENTS"
+EXIT_CANNOT_EXECUTE = 126
+EXIT_NOT_FOUND = 127
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # as a program that SIGPIPE ends
 _FORMS = _C.limit_forms.replace("%", "%%")  # argparse %-formats help texts
+# The signals Python ignores at start-up, and an exec'd program would inherit ignored.
+_IGNORED_BY_PYTHON = [getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)]
+_SHELL = "/bin/sh"
+# Errors after which execvp tries the next directory on PATH.
+_NEXT_ON_PATH = {errno.EACCES, errno.ENOENT, errno.ENOTDIR, errno.ESTALE, errno.ENODEV, errno.ETIMEDOUT}
+_DEVICE_INDEX = re.compile(r"[0-9]{1,9}")  # ASCII digits; int() would take "٣", and refuses 4301 digits
 
 
 class _UsageError(Exception):
@@ -35,6 +54,22 @@ class _UsageError(Exception):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # here, where a reader that has gone is caught, not as Python exits
+        return status
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except Exception as error:  # noqa: BLE001: a bug in gpumem gets one line, not a traceback
+        message = bounded(_message_of(error))
+        print(f"gpumem: error: internal error: {type(error).__name__}: {message}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.verb is None:
@@ -42,29 +77,45 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_USAGE
     try:
         return args.handler(args)
-    except (_UsageError, ValueError, ImportError, OSError) as error:  # SnapshotError is a ValueError
+    except BrokenPipeError:
+        raise
+    except (_UsageError, ValueError, OSError) as error:  # SnapshotError is a ValueError
         return _error(str(error))
+
+
+def _silence_stdout() -> None:
+    # The reader has gone: what is still buffered must not fail again when Python exits.
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 # ---- arguments ----------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        # argparse quotes some of the user's words as they came (an unknown flag, say): escaped here.
+        super().error(bounded(message))
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gpumem", description="A byte-level hard cap on PyTorch's CUDA memory.",
         epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = parser.add_subparsers(dest="verb", metavar="{info,run,replay}")
 
     info = verbs.add_parser("info", help="devices, limits and the current memory report",
                             description="Shows the visible CUDA devices, the limits GPUMEM_LIMIT sets, "
-                                        "GPUMEM_SEGMENTS and this process's memory report. Without a GPU it "
-                                        "says so and exits 0.")
+                                        "GPUMEM_SEGMENTS, GPUMEM_MEM_INFO and this process's memory report. "
+                                        "Without a GPU it says so and exits 0. Exit status 2 if one of the "
+                                        "variables is invalid (checked as a program under it would check it).")
     info.set_defaults(handler=_info)
 
     run = verbs.add_parser("run", help="run a program with a limit (GPUMEM_LIMIT)",
                            usage="gpumem run --limit LIMIT -- PROGRAM [ARGS ...]",
                            description="Runs PROGRAM with GPUMEM_LIMIT set, so gpumem caps its CUDA memory. "
-                                       "The exit status is the program's.")
+                                       "The exit status is the program's (127: not found, 126: cannot be "
+                                       "executed).")
     run.add_argument("--limit", required=True, type=_checked(_assignments_spec),
                      help=f'"4GB", "50%%", or one per device "0:4GB,1:8GB". Forms: {_FORMS}')
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="PROGRAM [ARGS ...]")
@@ -73,16 +124,17 @@ def _parser() -> argparse.ArgumentParser:
     replay = verbs.add_parser("replay", help="replay a memory snapshot under a limit, or find the smallest limit",
                               description="Replays the allocations recorded in a snapshot from "
                                           "torch.cuda.memory._dump_snapshot through gpumem on a simulated "
-                                          "device (no GPU needed). Exit status 0 if it fits, 1 if not.")
+                                          "device (no GPU needed). Exit status 0 if it fits, 1 if not, 2 for "
+                                          "an error (a --plot that could not be written among them).")
     replay.add_argument("snapshot", metavar="SNAPSHOT", help="a .pickle from torch.cuda.memory._dump_snapshot")
     mode = replay.add_mutually_exclusive_group()
     mode.add_argument("--limit", type=_checked(_spec), help=f"the limit to replay under. Forms: {_FORMS}")
     mode.add_argument("--min-limit", action="store_true", help="search for the smallest limit the trace fits under")
-    replay.add_argument("--precision", type=_checked(_bytes), default=1 << 20,
+    replay.add_argument("--precision", type=_checked(_positive_size("1MiB")), default=1 << 20,
                         help="how close --min-limit gets, in bytes or a size like 1MiB (default 1MiB)")
     replay.add_argument("--device", type=_checked(_device),
                         help="the device's trace to replay (default: the first with events)")
-    replay.add_argument("--device-total", type=_checked(_bytes),
+    replay.add_argument("--device-total", type=_checked(_positive_size("80GB")),
                         help="the device's memory, e.g. 80GB (default: as the snapshot records it, else twice "
                              "what the trace needs); percentages in --limit are of this")
     replay.add_argument("--segments", choices=(_segments.GROWABLE, _segments.PLAIN), default=_segments.GROWABLE,
@@ -99,33 +151,41 @@ def _checked(parse: Callable[[str], object]) -> Callable[[str], object]:
         try:
             return parse(text)
         except ValueError as error:
-            raise argparse.ArgumentTypeError(_without_prefix(str(error))) from None
+            raise argparse.ArgumentTypeError(bounded(_without_prefix(str(error)))) from None
     check.__name__ = parse.__name__.strip("_")
     return check
 
 
 def _spec(text: str) -> str:
-    _C.parse_limit(text, _ANY_TOTAL)
+    _limits.check_syntax(text)
     return text
 
 
 def _assignments_spec(text: str) -> str:
-    for _, spec in _C.parse_limit_assignments(text):
-        _spec(spec)
+    try:
+        _env.resolve_limit(text)  # the check the program's GPUMEM_LIMIT gets
+    except _env.SettingError as error:
+        value = shown(text, quote='"')  # as the limit grammar quotes a limit
+        raise ValueError(f"bad limit {value}: {error.reason}") from None
     return text
 
 
-def _bytes(text: str) -> int:
-    sizes = {_C.parse_limit(text, total) for total in (_ANY_TOTAL, _ANY_TOTAL >> 1)}
-    size = sizes.pop()
-    if sizes or size is None:
-        raise ValueError(f"{text!r} is not a size in bytes (give e.g. 1048576 or 1MiB)")
+def _positive_size(example: str) -> Callable[[str], int]:
+    def size(text: str) -> int:
+        # A percentage or fraction would depend on the device: it comes out differently on two.
+        try:
+            sizes = {_C.parse_limit(text, total) for total in (_limits.ANY_TOTAL, _limits.ANY_TOTAL >> 1)}
+        except ValueError:
+            sizes = set()
+        if len(sizes) != 1 or None in sizes:
+            raise ValueError(f"{shown(text)} is not a positive size in bytes (give e.g. {example})")
+        return sizes.pop()
     return size
 
 
 def _device(text: str) -> int:
-    if not text.isdigit():
-        raise ValueError(f"device {text!r} is not a device index (0, 1, ...)")
+    if _DEVICE_INDEX.fullmatch(text) is None:
+        raise ValueError(f"device {shown(text)} is not a device index (0, 1, ... in ASCII digits)")
     return int(text)
 
 
@@ -136,48 +196,48 @@ def _info(args) -> int:
     from gpumem import reporting as report
 
     count = _C.device_count()
-    env = os.environ.get(_LIMIT_VARIABLE)
-    print(f"{_LIMIT_VARIABLE}: " + ("unset" if env is None else repr(env)))
-    try:
-        limits = _env_limits(env, count) if env is not None else {}
-    except ValueError as error:
-        print(f"{_LIMIT_VARIABLE} is invalid: {_without_prefix(str(error))}")
-        limits = None
-    segments_ok = _print_env_segments()
+    limits = _print_env_limit(count)
+    settings_ok = [_print_env_setting(_env.SEGMENTS_VARIABLE, _env.segments),
+                   _print_env_setting(_env.MEM_INFO_VARIABLE, _env.mem_info_view)]
     if count == 0:
         print("no CUDA device was found")
     for d in range(count):
         free, total = _C.mem_info(d)
-        under = f"; {_LIMIT_VARIABLE} sets {limits[d]}" if limits and d in limits else ""
+        under = f"; {_env.VARIABLE} sets {limits[d]}" if limits and d in limits else ""
         print(f"device {d}: {_device_name(d)}, {_C.format_bytes(total)} total, {_C.format_bytes(free)} free{under}")
     if count:
         print(report.collect())
-    return EXIT_FAILED if limits is None or not segments_ok else 0
+    return EXIT_USAGE if limits is None or not all(settings_ok) else 0
 
 
-def _print_env_segments() -> bool:
-    """Prints GPUMEM_SEGMENTS; False if it is set to something gpumem would refuse."""
-    text = os.environ.get(_SEGMENTS_VARIABLE)
-    print(f"{_SEGMENTS_VARIABLE}: " + ("unset" if text is None else repr(text)))
+def _print_env_limit(count: int) -> Optional[dict[int, str]]:
+    """Prints GPUMEM_LIMIT; returns what it sets on each visible device it names, as text, or None
+    if a program under it would be stopped (its syntax where no device is visible, else what it
+    means on these devices, as gpumem applies it at CUDA init)."""
+    text = os.environ.get(_env.VARIABLE)
+    print(f"{_env.VARIABLE}: " + ("unset" if text is None else shown(text)))
     if text is None:
-        return True
+        return {}
     try:
-        _segments.growable(text)
-    except ValueError as error:
-        print(f"{_SEGMENTS_VARIABLE} is invalid: {_without_prefix(str(error))}")
+        limits = _env.resolve_limit(text, [_C.device_total(d) for d in range(count)] if count else None)
+    except _env.SettingError as error:
+        print(f"{_env.VARIABLE} is invalid: {error.reason}")
+        return None
+    named = {device for device, _ in _C.parse_limit_assignments(text)}
+    return {d: "no limit" if nbytes is None else _C.format_bytes(nbytes)
+            for d, nbytes in enumerate(limits or []) if -1 in named or d in named}
+
+
+def _print_env_setting(variable: str, read: Callable[[], object]) -> bool:
+    """Prints a setting's variable; False if it is set to something gpumem would refuse."""
+    text = os.environ.get(variable)
+    print(f"{variable}: " + ("unset" if text is None else shown(text)))
+    try:
+        read()
+    except _env.SettingError as error:
+        print(f"{variable} is invalid: {error.reason}")
         return False
     return True
-
-
-def _env_limits(text: str, count: int) -> dict[int, str]:
-    """What GPUMEM_LIMIT sets on each visible device, as text; ValueError if it is invalid."""
-    limits = {}
-    for device, spec in _C.parse_limit_assignments(text):
-        _spec(spec)  # the syntax, also where no device is visible
-        for d in [d for d in (range(count) if device == -1 else [device]) if d < count]:
-            nbytes = _C.parse_limit(spec, _C.mem_info(d)[1])
-            limits[d] = "no limit" if nbytes is None else _C.format_bytes(nbytes)
-    return limits
 
 
 def _device_name(device: int) -> str:
@@ -193,18 +253,79 @@ def _run(args) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise _UsageError("run needs a program: gpumem run --limit 4GB -- python train.py")
-    environment = {**os.environ, _LIMIT_VARIABLE: args.limit}
+    environment = {**os.environ, _env.VARIABLE: args.limit}
     sys.stdout.flush()
     sys.stderr.flush()
+    with _signals_as_a_shell_leaves_them():
+        path, error = _exec(command, environment)
+    return _exec_failed(command[0], path, error)
+
+
+@contextlib.contextmanager
+def _signals_as_a_shell_leaves_them() -> Iterator[None]:
+    """Python ignores SIGPIPE and SIGXFSZ (it raises on a broken pipe instead), and a signal ignored
+    stays ignored across exec: a program would not die on a closed pipe, as it does from a shell.
+    Put back if the exec fails, for gpumem's own error message."""
+    saved = {signum: signal.signal(signum, signal.SIG_DFL) for signum in _IGNORED_BY_PYTHON}
     try:
-        os.execvpe(command[0], command, environment)
-    except FileNotFoundError:
-        print(f"gpumem: error: program {command[0]!r} was not found", file=sys.stderr)
-        return 127
-    except PermissionError:
-        print(f"gpumem: error: program {command[0]!r} cannot be executed (permission denied)", file=sys.stderr)
-        return 126
-    return 0  # not reached: exec replaced this process
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
+def _exec(command: list[str], environment: dict[str, str]) -> tuple[str, OSError]:
+    """Replaces this process with `command`, found as execvp finds it (PATH, unless the name has a
+    slash). Returns only if no candidate could be started: the path that came closest, and why."""
+    name, failure = command[0], None
+    for path in _candidates(name, environment.get("PATH", os.defpath)):
+        try:
+            _execve(path, command, environment)
+        except OSError as error:
+            if error.errno not in _NEXT_ON_PATH:
+                return path, error
+            if failure is None or _closeness(path, error) > _closeness(*failure):
+                failure = (path, error)
+    return failure or (name, FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT)))
+
+
+def _candidates(name: str, search_path: str) -> list[str]:
+    if not name:
+        return []
+    if "/" in name:
+        return [name]
+    return [os.path.join(directory or os.curdir, name) for directory in search_path.split(os.pathsep)]
+
+
+def _execve(path: str, command: list[str], environment: dict[str, str]) -> None:
+    try:
+        os.execve(path, command, environment)
+    except OSError as error:
+        if error.errno != errno.ENOEXEC:
+            raise
+        # A file the kernel cannot start (a script without #!) is a shell script, as execvp, env,
+        # nice and timeout take it.
+        os.execve(_SHELL, [_SHELL, path, *command[1:]], environment)
+
+
+def _closeness(path: str, error: OSError) -> int:
+    """Which failure to report: a file found but not runnable over one not found."""
+    return 2 if error.errno == errno.EACCES else 1 if os.path.exists(path) else 0
+
+
+def _exec_failed(name: str, path: str, error: OSError) -> int:
+    if error.errno == errno.ENOENT and not os.path.exists(path):
+        print(f"gpumem: error: program {shown_path(name)} was not found", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    program = shown_path(name) if path == name else f"{shown_path(name)} ({shown_path(path)})"
+    if error.errno == errno.ENOENT:  # the file is there: what its #! line names is not
+        reason = "the interpreter its #! line names was not found"
+    elif os.path.isdir(path):
+        reason = "it is a directory"
+    else:
+        reason = error.strerror or str(error)
+    print(f"gpumem: error: program {program} cannot be executed: {reason}", file=sys.stderr)
+    return EXIT_CANNOT_EXECUTE
 
 
 def _replay(args) -> int:
@@ -220,17 +341,11 @@ def _replay(args) -> int:
         found = replay.min_limit(snapshot, precision=args.precision, **where)
         _print_min_limit(found)
         if found.limit is None:
-            return EXIT_FAILED
-        result = None
-        if args.plot:
-            result = replay.replay(snapshot, found.limit, **where)
-    else:
-        result = replay.replay(snapshot, args.limit, **where)
-        _print_replay(args.snapshot, result)
-    if args.plot:
-        result.report().plot(args.plot)
-        print(f"plot written to {args.plot}")
-    return 0 if result is None or result.fits else EXIT_FAILED
+            return EXIT_DOES_NOT_FIT
+        return _plotted(replay.replay(snapshot, found.limit, **where), args.plot, 0) if args.plot else 0
+    result = replay.replay(snapshot, args.limit, **where)
+    _print_replay(args.snapshot, result)
+    return _plotted(result, args.plot, 0 if result.fits else EXIT_DOES_NOT_FIT)
 
 
 def _replay_uncapped(args, snapshot, where) -> int:
@@ -244,10 +359,23 @@ def _replay_uncapped(args, snapshot, where) -> int:
         smallest = (f"{_C.format_bytes(found.limit)} ({found.limit} bytes; --min-limit tells how it was found)"
                     if found.limit is not None else "none fits in the simulated device")
         _print_rows([("smallest limit", smallest)])
-    if args.plot:
-        result.report().plot(args.plot)
-        print(f"plot written to {args.plot}")
-    return 0 if result.fits else EXIT_FAILED
+    return _plotted(result, args.plot, 0 if result.fits else EXIT_DOES_NOT_FIT)
+
+
+def _plotted(result, path: Optional[str], status: int) -> int:
+    """Draws the replay to `path` (when given); the exit status: `status`, the replay's verdict,
+    unless the plot failed (2: the command did not do all it was asked; the verdict stays printed)."""
+    if path is None:
+        return status
+    try:
+        result.report().plot(path)
+    except Exception as error:  # noqa: BLE001: matplotlib's errors are many; the replay's output stands
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else _without_prefix(str(error))
+        print(f"gpumem: error: the plot could not be written to {shown_path(path)}: {bounded(reason)}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    print(f"plot written to {bounded(path)}")
+    return status
 
 
 def _require_matplotlib() -> None:
@@ -270,7 +398,7 @@ def _print_replay(path: str, r) -> None:
     original = ("from the trace's segment events" if r.original_reserved_source == "trace"
                 else "segments at dump time: the trace has no segment events")
     rows = [
-        ("snapshot", f"{path}, device {r.device}: {r.events_total} events"),
+        ("snapshot", f"{bounded(path)}, device {r.device}: {r.events_total} events"),
         ("replayed", f"{r.allocs_replayed} allocs, {r.frees_replayed} frees, "
                      f"{r.initial_blocks} blocks alive before the trace"),
         ("simulated device", f"{size(r.capacity)} ({_SOURCES[r.capacity_source]})"),
@@ -328,8 +456,15 @@ def _print_rows(rows: list[tuple[str, str]]) -> None:
 
 
 def _error(message: str) -> int:
-    print(f"gpumem: error: {_without_prefix(message)}", file=sys.stderr)
+    print(f"gpumem: error: {bounded(_without_prefix(message))}", file=sys.stderr)
     return EXIT_USAGE
+
+
+def _message_of(error: BaseException) -> str:
+    try:
+        return str(error) or "(no message)"
+    except Exception:  # noqa: BLE001: an exception whose text cannot be made
+        return "(its message cannot be shown)"
 
 
 def _without_prefix(message: str) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
 from gpumem import _C, _segments
+from gpumem._words import shown
 
 OUTSIDE_NOTE = (
     "estimate: device used (total - free) minus reserved; the CUDA context, libraries and other "
@@ -71,7 +72,7 @@ class Report:
         devices = []
         for device, values in items:
             if "stats" not in values:
-                raise ValueError(f"gpumem: the values for device {device} have no 'stats' dict")
+                raise ValueError(f"gpumem: the values for device {shown(device)} have no 'stats' dict")
             devices.append(DeviceReport(
                 device=int(device),
                 stats=dict(values["stats"]),
@@ -136,18 +137,28 @@ class Report:
             from matplotlib.figure import Figure
         except ImportError:
             raise ImportError("gpumem: Report.plot needs matplotlib: pip install matplotlib") from None
-        shown = [d for d in self.devices if d.timeline]
-        if not shown:
-            raise ValueError(
-                "gpumem: this report has no timeline to plot; record one with gpumem.timeline.start() "
-                "before the work (or plot a replay's report)"
-            )
-        figure = Figure(figsize=(8, 3 * len(shown)), layout="constrained")
-        for axes, d in zip(figure.subplots(len(shown), 1, squeeze=False)[:, 0], shown):
+        drawn = [d for d in self.devices if d.timeline]
+        if not drawn:
+            raise ValueError(f"gpumem: this report has no timeline to plot; {self._how_to_get_a_timeline()}")
+        figure = Figure(figsize=(8, 3 * len(drawn)), layout="constrained")
+        for axes, d in zip(figure.subplots(len(drawn), 1, squeeze=False)[:, 0], drawn):
             _plot_device(axes, d)
         if path is not None:
             figure.savefig(path, format="png", dpi=100)
         return figure
+
+    def _how_to_get_a_timeline(self) -> str:
+        """Advice that fits where the report came from: a simulated device (a replay's, or a
+        SimAllocator's) or this process's devices."""
+        if self.devices and all(d.simulated for d in self.devices):
+            return ("a simulated device's timeline comes from a replay that walks a trace with events: "
+                    "plot gpumem.replay.replay(snapshot, limit).report()")
+        from gpumem import timeline
+
+        stopped = timeline.error()
+        if stopped is not None:
+            return f"the timeline stopped recording on an error ({stopped}) before it took a point"
+        return "record one with gpumem.timeline.start() before the work, and gpumem.timeline.stop() after it"
 
 
 # ---- live collection ----------------------------------------------------------------------------

@@ -7,15 +7,21 @@ started.
     gpumem.report().plot("memory.png")
 
 It stays bounded: once a device holds `max_points` points, every other one is dropped and the
-thread samples half as often, so a long run keeps its whole history at a coarser step.
+thread samples half as often, so a long run keeps its whole history at a coarser step. If reading
+the statistics fails, the thread stops there, keeping the points it has; `error()` says why, and
+stop() warns with it.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import threading
 import time
+import warnings
 from typing import Iterable, Optional
 
-from gpumem import _C
+from gpumem import _C, _devices
+from gpumem._words import bounded, shown
 
 _lock = threading.Lock()
 _recorder: Optional["_Recorder"] = None
@@ -29,9 +35,16 @@ class _Recorder:
         self.every = 1  # sample every n-th tick; doubles each time the points are thinned
         self.points: dict[int, list[tuple[float, int, int]]] = {d: [] for d in devices}
         self.stopped = threading.Event()
+        self.error: Optional[str] = None
         self.thread = threading.Thread(target=self._run, name="gpumem-timeline", daemon=True)
 
     def _run(self) -> None:
+        try:
+            self._record()
+        except Exception as error:  # noqa: BLE001: a daemon thread's traceback would reach nobody who can act on it
+            self.error = f"{type(error).__name__}: {bounded(str(error))}"
+
+    def _record(self) -> None:
         start, tick = time.monotonic(), 0
         while True:
             if tick % self.every == 0:
@@ -53,13 +66,12 @@ class _Recorder:
 
 
 def start(interval_s: float = 0.01, max_points: int = 10000, devices: Optional[Iterable[int]] = None) -> None:
-    """Starts sampling every visible device (or `devices`) every `interval_s` seconds."""
+    """Starts sampling every visible device (or `devices`: indices, "cuda:N" or torch.device) every
+    `interval_s` seconds. A bad argument raises ValueError or TypeError naming it (a device that
+    does not exist, the ones there are); no CUDA device at all, RuntimeError. Starts no CUDA."""
     global _recorder
-    if interval_s <= 0 or max_points < 2:
-        raise ValueError(f"gpumem: timeline needs interval_s > 0 and max_points >= 2 (got {interval_s}, {max_points})")
-    indices = list(range(_C.device_count()) if devices is None else devices)
-    if not indices:
-        raise RuntimeError("gpumem: no CUDA device is visible, so there is nothing to record")
+    _check_settings(interval_s, max_points)
+    indices = _indices(devices)
     with _lock:
         if _recorder is not None and _recorder.thread.is_alive():
             raise RuntimeError("gpumem: the timeline is already recording; call gpumem.timeline.stop() first")
@@ -68,11 +80,21 @@ def start(interval_s: float = 0.01, max_points: int = 10000, devices: Optional[I
 
 
 def stop() -> None:
-    """Stops sampling; the points stay readable until the next start()."""
+    """Stops sampling; the points stay readable until the next start(). Warns (RuntimeWarning) if
+    the recording had stopped early on an error."""
     recorder = _recorder
-    if recorder is not None:
-        recorder.stopped.set()
-        recorder.thread.join()
+    if recorder is None:
+        return
+    recorder.stopped.set()
+    recorder.thread.join()
+    if recorder.error is not None:
+        warnings.warn(f"gpumem: the timeline stopped recording early: {recorder.error}", RuntimeWarning, stacklevel=2)
+
+
+def error() -> Optional[str]:
+    """Why the recording stopped early ("TypeName: message"), or None if it did not."""
+    recorder = _recorder
+    return None if recorder is None else recorder.error
 
 
 def is_recording() -> bool:
@@ -84,3 +106,26 @@ def points(device: int = 0) -> list[tuple[float, int, int]]:
     """The (seconds since start, allocated, reserved) points of `device`; [] if none were taken."""
     with _lock:
         return list(_recorder.points.get(device, [])) if _recorder is not None else []
+
+
+def _check_settings(interval_s: object, max_points: object) -> None:
+    if isinstance(interval_s, bool) or not isinstance(interval_s, numbers.Real):
+        raise TypeError(f"gpumem: timeline interval_s {shown(interval_s)} is not a number of seconds")
+    if isinstance(max_points, bool) or not isinstance(max_points, numbers.Integral):
+        raise TypeError(f"gpumem: timeline max_points {shown(max_points)} is not an int")
+    if not (interval_s > 0 and math.isfinite(interval_s)) or max_points < 2:
+        raise ValueError(f"gpumem: timeline needs interval_s > 0 and max_points >= 2 "
+                         f"(got {shown(interval_s)}, {shown(max_points)})")
+
+
+def _indices(devices: Optional[Iterable[int]]) -> list[int]:
+    """The devices to sample, each checked (as every gpumem call checks one, without starting CUDA)."""
+    if devices is None:
+        return _devices.every()
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, Iterable):
+        raise TypeError(f"gpumem: timeline devices {shown(devices)} is not a list of devices "
+                        "(indices, 'cuda:N' or torch.device)")
+    indices = list(dict.fromkeys(_devices.index(device) for device in devices))
+    if not indices:
+        raise ValueError("gpumem: timeline devices is empty; give at least one, or None for every device")
+    return indices

@@ -21,6 +21,7 @@ class FakeC:
     limit_forms = _C.limit_forms
     parse_limit = staticmethod(_C.parse_limit)
     parse_limit_assignments = staticmethod(_C.parse_limit_assignments)
+    resolve_limit_text = staticmethod(_C.resolve_limit_text)  # what _run_setup applies, so one verdict
     format_bytes = staticmethod(_C.format_bytes)
     OutOfMemoryError = _C.OutOfMemoryError
 
@@ -136,7 +137,7 @@ class FakeC:
         if self._pending is None:
             return
         text, growable = self._pending
-        limits = _C.resolve_limit_text(text, self.totals) if text is not None else [None] * len(self.sims)
+        limits = self.resolve_limit_text(text, self.totals) if text is not None else [None] * len(self.sims)
         self._pending = None
         for sim, nbytes in zip(self.sims, limits):
             if nbytes is not None:

@@ -181,13 +181,59 @@ def test_gpumem_run_caps_a_program_that_never_imports_gpumem():
 @pytest.mark.parametrize("command", [[sys.executable, "-m", "gpumem"],
                                      [os.path.join(sysconfig.get_path("scripts"), "gpumem")]])
 def test_the_gpumem_command_reads_a_bad_limit_itself(command):
-    # `gpumem info` reports a bad GPUMEM_LIMIT (exit 1) rather than being stopped by the hook.
+    # `gpumem info` reports a bad GPUMEM_LIMIT (exit 2) rather than being stopped by the hook.
     if not os.path.exists(command[0]):
         pytest.skip(f"{command[0]} is not installed")
     env = {**os.environ, "GPUMEM_LIMIT": "4XB"}
     completed = subprocess.run([*command, "info"], env=env, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 1, completed.stderr
-    assert 'GPUMEM_LIMIT is invalid: bad limit "4XB"' in completed.stdout
+    assert completed.returncode == 2, completed.stderr
+    assert 'GPUMEM_LIMIT is invalid: unknown unit "XB"' in completed.stdout
+    assert gpumem_lines(completed.stderr) == []
+
+
+# The wrapper pip writes for the console script gpumem = "gpumem.cli:main".
+CONSOLE_SCRIPT = f"""#!{sys.executable}
+# -*- coding: utf-8 -*-
+import re
+import sys
+from gpumem.cli import main
+if __name__ == '__main__':
+    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
+    sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("name", ["gpumem", "gpumem-renamed"])
+def test_the_console_script_is_known_by_what_it_runs_not_by_its_name(tmp_path, name):
+    script = tmp_path / name
+    script.write_text(CONSOLE_SCRIPT)
+    script.chmod(0o755)
+    completed = subprocess.run([str(script), "info"], env={**os.environ, "GPUMEM_LIMIT": "4XB"},
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 2, completed.stderr
+    assert 'GPUMEM_LIMIT is invalid: unknown unit "XB"' in completed.stdout
+    assert gpumem_lines(completed.stderr) == []  # the hook left it alone: no `gpumem: bad GPUMEM_LIMIT` line
+
+
+def test_a_users_script_named_gpumem_gets_the_hook(tmp_path):
+    script = tmp_path / "gpumem"
+    script.write_text(f"import torch\n{REPORT}\n")
+    assert reported(python_file(script, "4GB")) == [True, "installed"]
+    completed = python_file(script, "4XB")
+    assert completed.returncode == 2
+    [line] = gpumem_lines(completed.stderr)
+    assert line.startswith('gpumem: bad GPUMEM_LIMIT "4XB": ')
+
+
+def test_a_script_that_imports_torch_before_the_cli_gets_the_hook(tmp_path):
+    script = tmp_path / "gpumem"
+    script.write_text(f"import torch\nfrom gpumem.cli import main\n{REPORT}\n")
+    assert reported(python_file(script, "4GB")) == [True, "installed"]
+
+
+def python_file(path: pathlib.Path, limit: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(path)], env={**os.environ, "GPUMEM_LIMIT": limit},
+                          capture_output=True, text=True, timeout=300)
 
 
 # ---- install(), over fake devices ---------------------------------------------------------------
@@ -251,8 +297,21 @@ def test_a_syntax_error_stops_even_without_a_device(devices, stopped):
     assert stopped().startswith('gpumem: bad GPUMEM_LIMIT "4XB": unknown unit "XB". Accepted forms: ')
 
 
-def test_the_gpumem_console_script_is_left_alone(devices, monkeypatch):
-    fake = devices("4XB")
+def test_a_program_named_gpumem_is_not_left_alone_for_its_name(devices, monkeypatch):
+    fake = devices("1GB")
     monkeypatch.setattr(sys, "argv", ["/usr/local/bin/gpumem", "info"])
     _autoload.install()
-    assert not fake.installed and _autoload.state == "skipped: the gpumem command"
+    assert fake.installed and _autoload.state == "installed"
+
+
+@pytest.mark.parametrize("value, shown", [
+    ("4\x1b[31mXB", '"4\\x1b[31mXB"'),
+    ('4"XB', '"4\\"XB"'),
+    ("9" * 10_000_000, '"' + "9" * 60 + '"… (10000000 characters)'),
+], ids=["control", "quote", "ten-megabytes"])
+def test_the_stop_line_shows_a_hostile_value_escaped_and_cut(devices, stopped, value, shown):
+    devices(value)
+    line = stopped()
+    assert line.startswith(f"gpumem: bad GPUMEM_LIMIT {shown}: ")
+    assert line.endswith("The program stops rather than run without the cap: fix GPUMEM_LIMIT or unset it.")
+    assert "\x1b" not in line and len(line) < 2000

@@ -4,12 +4,14 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from gpumem import _C, cli, replay
+from fake_c import GiB, FakeC, use_fake_c
+from gpumem import _C, _autoload, cli, replay
 
 DATA = pathlib.Path(__file__).parent / "data"
 MiB = 1 << 20
@@ -219,7 +221,7 @@ def test_replay_of_a_device_without_events_is_an_error():
     (["--limit", "4XB"], 'bad limit "4XB"'),
     (["--limit", "1GB", "--min-limit"], "not allowed with argument"),
     (["--limit", "1GB", "--device", "first"], "'first' is not a device index"),
-    (["--min-limit", "--precision", "5%"], "'5%' is not a size in bytes"),
+    (["--min-limit", "--precision", "5%"], "'5%' is not a positive size in bytes"),
     (["--limit", "1GB", "--colour"], "unrecognized arguments: --colour"),
     (["--limit", "1GB", "--segments", "expandable"], "invalid choice: 'expandable'"),
 ], ids=["bad-limit", "both-modes", "bad-device", "percent-precision", "unknown-flag", "bad-segments"])
@@ -237,18 +239,25 @@ def test_info_shows_gpumem_segments():
     assert "GPUMEM_SEGMENTS: 'plain'" in completed.stdout
 
 
-def test_info_with_an_invalid_gpumem_segments_says_so_and_exits_1():
+def test_info_with_an_invalid_gpumem_segments_says_so_and_exits_2():
     completed = gpumem("info", env={"GPUMEM_SEGMENTS": "fast"})
-    assert completed.returncode == 1
-    assert 'GPUMEM_SEGMENTS is invalid: bad segment kind \'fast\': give "growable" or "plain"' in completed.stdout
+    assert completed.returncode == 2
+    assert "GPUMEM_SEGMENTS: 'fast'\nGPUMEM_SEGMENTS is invalid: give \"growable\" or \"plain\"" in completed.stdout
     assert "Traceback" not in completed.stderr
 
 
-def test_info_with_an_invalid_gpumem_limit_says_so_and_exits_1():
+def test_info_with_an_invalid_gpumem_limit_says_so_and_exits_2():
     completed = gpumem("info", env={"GPUMEM_LIMIT": "4XB"})
-    assert completed.returncode == 1
-    assert 'GPUMEM_LIMIT is invalid: bad limit "4XB"' in completed.stdout
+    assert completed.returncode == 2
+    assert "GPUMEM_LIMIT: '4XB'\nGPUMEM_LIMIT is invalid: unknown unit \"XB\". Accepted forms" in completed.stdout
     assert "Traceback" not in completed.stderr
+
+
+def test_info_with_an_invalid_gpumem_mem_info_says_so_and_exits_2(capsys, monkeypatch):
+    monkeypatch.setenv("GPUMEM_MEM_INFO", "free")
+    assert cli.main(["info"]) == 2
+    out = capsys.readouterr().out
+    assert "GPUMEM_MEM_INFO: 'free'\nGPUMEM_MEM_INFO is invalid: give \"capped\" or \"device\"" in out
 
 
 def test_info_on_devices_shows_each_with_the_limit_gpumem_limit_sets(fake_c, monkeypatch, capsys):
@@ -261,3 +270,193 @@ def test_info_on_devices_shows_each_with_the_limit_gpumem_limit_sets(fake_c, mon
     assert "device 1: " in out and "GPUMEM_LIMIT sets 4.00 GiB" in out.split("device 1: ")[1]
     assert "gpumem memory report" in out
     assert re.search(r"^  segments\s+growable$", out, re.MULTILINE)
+
+
+@pytest.fixture
+def info_devices(monkeypatch):
+    """`gpumem info` in this process over `count` fake 8 GiB devices, with GPUMEM_LIMIT=`limit`;
+    returns its exit status and output."""
+    def run(limit: str, count: int):
+        fake = FakeC([8 * GiB] * count)
+        use_fake_c(monkeypatch, fake)
+        monkeypatch.setattr(fake, "largest_free_block", lambda d: 0, raising=False)
+        monkeypatch.setenv("GPUMEM_LIMIT", limit)
+        return cli.main(["info"])
+    return run
+
+
+@pytest.mark.parametrize("limit, reason", [
+    ("9:4GB", "there is no CUDA device 9; this process sees devices 0..0"),
+    ("0:9GB", "it comes to 9.00 GiB, more than the device total of 8.00 GiB"),
+])
+def test_info_checks_gpumem_limit_on_the_devices_there_are(info_devices, capsys, limit, reason):
+    assert info_devices(limit, count=1) == 2
+    out = capsys.readouterr().out
+    assert f"GPUMEM_LIMIT is invalid: {reason}" in out
+    assert "GPUMEM_LIMIT sets" not in out
+
+
+def test_info_without_a_device_checks_the_syntax_alone(info_devices, capsys):
+    assert info_devices("9:4GB", count=0) == 0
+    assert info_devices("9:4XB", count=0) == 2
+    assert 'GPUMEM_LIMIT is invalid: unknown unit "XB"' in capsys.readouterr().out
+
+
+def test_info_shows_only_the_devices_gpumem_limit_names(info_devices, capsys):
+    assert info_devices("1:2GB", count=2) == 0
+    out = capsys.readouterr().out
+    assert "GPUMEM_LIMIT sets" not in out.split("device 1: ")[0]
+    assert "GPUMEM_LIMIT sets 2.00 GiB" in out.split("device 1: ")[1]
+
+
+@pytest.mark.parametrize("limit", ["4GB", "50%", "none", "0:1GB", "9:4GB", "0:9GB", "1:1GB", "4XB", "0:1GB,0:2GB"])
+def test_info_and_a_program_under_gpumem_limit_give_the_same_verdict(hook_devices, monkeypatch, capsys, limit):
+    fake = hook_devices(limit, count=1)
+    monkeypatch.setattr(fake, "largest_free_block", lambda d: 0, raising=False)
+    info_refuses = cli.main(["info"]) == 2
+    try:
+        _autoload.install()
+        fake.malloc(0, 1 << 20)  # the devices' first use: where the rest of GPUMEM_LIMIT is checked
+        program_refused = False
+    except (SystemExit, ValueError):
+        program_refused = True
+    capsys.readouterr()
+    assert info_refuses == program_refused
+
+
+def test_info_escapes_and_cuts_a_hostile_gpumem_limit(info_devices, capsys):
+    assert info_devices("\x1b[31m" + "9" * 10_000_000, count=1) == 2
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and len(out) < 5000
+    assert "GPUMEM_LIMIT: '\\x1b[31m999" in out and "… (10000005 characters)" in out
+
+
+# ---- run, as a shell runs a program -------------------------------------------------------------
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_run_starts_the_program_with_the_signals_a_shell_gives_it():
+    # Python ignores SIGPIPE and SIGXFSZ; a program gpumem starts must not inherit that.
+    shell = [sys.executable, "-c", "import subprocess; print(subprocess.run(['grep', 'SigIgn', '/proc/self/status'], "
+             "capture_output=True, text=True).stdout)"]
+    as_from_a_shell = subprocess.run(shell, capture_output=True, text=True).stdout.strip()
+    completed = gpumem("run", "--limit", "4GB", "--", "grep", "SigIgn", "/proc/self/status")
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == as_from_a_shell
+
+
+def test_run_a_program_writing_to_a_closed_pipe_dies_of_sigpipe():
+    # `gpumem run -- yes | head -n 1`: yes ends by SIGPIPE, silently, as it does from a shell.
+    child = subprocess.Popen([sys.executable, "-m", "gpumem", "run", "--limit", "4GB", "--", "yes"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout.readline() == b"y\n"
+    child.stdout.close()
+    assert child.wait(timeout=300) == -signal.SIGPIPE
+    assert b"Broken pipe" not in child.stderr.read()
+
+
+def test_run_of_a_script_without_a_shebang_runs_it_through_sh(tmp_path):
+    script = tmp_path / "job"
+    script.write_text('echo "ran $0 with $# args: $*, limit $GPUMEM_LIMIT"\nexit 7\n')
+    script.chmod(0o755)
+    completed = gpumem("run", "--limit", "4GB", "--", str(script), "a", "b c")
+    assert completed.returncode == 7, completed.stderr
+    assert completed.stdout == f"ran {script} with 2 args: a b c, limit 4GB\n"
+
+
+def test_run_finds_a_script_without_a_shebang_on_path(tmp_path):
+    (tmp_path / "job").write_text("echo found on PATH\n")
+    (tmp_path / "job").chmod(0o755)
+    search_path = f"{tmp_path}{os.pathsep}{os.environ['PATH']}"
+    completed = gpumem("run", "--limit", "4GB", "--", "job", env={"PATH": search_path})
+    assert (completed.returncode, completed.stdout) == (0, "found on PATH\n"), completed.stderr
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda path: path.write_text("echo hi\n"), "Permission denied"),  # not executable
+    (lambda path: path.mkdir(), "it is a directory"),
+    (lambda path: (path.write_text("#!/no/such/interpreter\n"), path.chmod(0o755)),
+     "the interpreter its #! line names was not found"),
+], ids=["not-executable", "directory", "bad-interpreter"])
+def test_run_of_a_program_that_cannot_be_executed_exits_126_saying_why(tmp_path, make, reason):
+    path = tmp_path / "program"
+    make(path)
+    completed = gpumem("run", "--limit", "4GB", "--", str(path))
+    assert completed.returncode == 126
+    assert completed.stderr == f"gpumem: error: program {str(path)!r} cannot be executed: {reason}\n"
+
+
+def test_run_of_a_program_found_on_path_but_not_executable_names_the_file(tmp_path):
+    (tmp_path / "job").write_text("echo hi\n")
+    completed = gpumem("run", "--limit", "4GB", "--", "job", env={"PATH": str(tmp_path)})
+    assert completed.returncode == 126
+    assert f"program 'job' ({str(tmp_path / 'job')!r}) cannot be executed: Permission denied" in completed.stderr
+
+
+def test_run_of_an_empty_program_name_exits_127():
+    completed = gpumem("run", "--limit", "4GB", "--", "")
+    assert (completed.returncode, completed.stderr) == (127, "gpumem: error: program '' was not found\n")
+
+
+# ---- replay: arguments and the plot ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", ["0", "none", "50%", "0.5"])
+def test_replay_precision_that_is_not_a_positive_size_says_what_precision_takes(precision):
+    completed = gpumem("replay", data("big_blocks"), "--min-limit", "--precision", precision)
+    assert_usage_error(completed, f"argument --precision: '{precision}' is not a positive size in bytes "
+                                  "(give e.g. 1MiB)")
+    assert "bad limit" not in completed.stderr
+
+
+@pytest.mark.parametrize("device", ["\u0663", "\u00b2", "1\u0660", " 1", "+1", "9" * 5000])
+def test_replay_device_takes_ascii_digits_only(device):
+    completed = gpumem("replay", data("two_devices"), "--limit", "1GB", "--device", device)
+    assert_usage_error(completed, "is not a device index (0, 1, ... in ASCII digits)")
+
+
+def test_replay_plot_failure_is_named_and_keeps_the_replays_output(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "no-such-folder" / "memory.png"
+    completed = gpumem("replay", data("big_blocks"), "--limit", "500MB", "--plot", str(path))
+    assert completed.returncode == 2
+    assert value_of(completed.stdout, "result").startswith("FAILED: ")  # the replay's verdict, as without --plot
+    assert completed.stderr == (f"gpumem: error: the plot could not be written to {str(path)!r}: "
+                                "No such file or directory\n")
+
+
+def test_replay_plot_of_a_replay_with_no_timeline_gives_replay_advice(monkeypatch, capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    real = replay.replay
+
+    def without_timeline(*args, **kwargs):
+        result = real(*args, **kwargs)
+        result.timeline.clear()
+        return result
+
+    monkeypatch.setattr(replay, "replay", without_timeline)
+    assert cli.main(["replay", data("train_like"), "--limit", "400MB", "--plot", str(tmp_path / "m.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpumem: error: the plot could not be written to ")
+    assert "replay" in err and "timeline.start" not in err
+
+
+# ---- the user's text in messages ----------------------------------------------------------------------
+
+
+def test_control_characters_in_a_limit_are_escaped_in_the_error():
+    completed = gpumem("run", "--limit", "4\x1b[31mXB", "--", "true")
+    assert_usage_error(completed, 'bad limit "4\\x1b[31mXB"')
+    assert "\x1b" not in completed.stderr
+
+
+def test_a_long_limit_is_cut_in_the_error():
+    completed = gpumem("replay", data("big_blocks"), "--limit", "9" * 100_000 + "XB")
+    assert_usage_error(completed, 'bad limit "' + "9" * 60 + '"… (100002 characters)')
+    assert len(completed.stderr) < 3000
+
+
+def test_control_characters_in_unknown_arguments_are_escaped():
+    completed = gpumem("replay", data("big_blocks"), "--limit", "1GB", "\x1b]0;owned\x07")
+    assert_usage_error(completed, "unrecognized arguments: \\x1b]0;owned\\x07")
+    assert "\x1b" not in completed.stderr

@@ -98,3 +98,17 @@ def test_enable_asks_no_device(fake_c, monkeypatch):
     gpumem.enable()
     assert fake_c.device_count_calls == 0
     assert fake_c.install_args == [("0:1GB,1:50%", None)]
+
+
+@pytest.mark.parametrize("value, shown", [
+    ("4\x1b[2JGB", "GPUMEM_LIMIT='4\\x1b[2JGB'"),
+    ("0:4GB,1:\x07", "GPUMEM_LIMIT='0:4GB,1:\\x07'"),
+    ("9" * 10_000_000, "GPUMEM_LIMIT='" + "9" * 60 + "'… (10000000 characters)"),
+], ids=["escape", "bell", "ten-megabytes"])
+def test_a_hostile_value_is_shown_escaped_and_cut(fake_c, monkeypatch, value, shown):
+    monkeypatch.setenv("GPUMEM_LIMIT", value)
+    with pytest.raises(ValueError) as caught:
+        gpumem.enable()
+    message = str(caught.value)
+    assert message.startswith(f"gpumem: {shown} cannot be applied: ")
+    assert message.isprintable() and len(message) < 2000

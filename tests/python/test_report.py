@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gpumem import _C, replay, timeline
+from gpumem import _C, _devices, replay, timeline
 from gpumem import reporting as report
 from gpumem.reporting import Report
 
@@ -232,10 +232,16 @@ class CountingC:
 @pytest.fixture
 def counting_c(monkeypatch):
     fake = CountingC()
-    monkeypatch.setattr(timeline, "_C", fake)
-    monkeypatch.setattr(timeline, "_recorder", None)
+    use_timeline_c(monkeypatch, fake)
     yield fake
     timeline.stop()
+
+
+def use_timeline_c(monkeypatch, fake) -> None:
+    """The timeline reads statistics from `fake`, and checks devices against its count."""
+    monkeypatch.setattr(timeline, "_C", fake)
+    monkeypatch.setattr(_devices, "_C", fake)
+    monkeypatch.setattr(timeline, "_recorder", None)
 
 
 def wait_for(condition, seconds: float = 5.0) -> None:
@@ -273,6 +279,100 @@ def test_timeline_refuses_a_second_start(counting_c):
 
 
 def test_timeline_without_a_device_says_so(monkeypatch):
-    monkeypatch.setattr(timeline, "_C", type("NoDevice", (), {"device_count": lambda self: 0})())
+    use_timeline_c(monkeypatch, type("NoDevice", (), {"device_count": lambda self: 0})())
     with pytest.raises(RuntimeError, match="no CUDA device"):
         timeline.start()
+
+
+class TwoDevicesC(CountingC):
+    def device_count(self) -> int:
+        return 2
+
+
+@pytest.mark.parametrize("devices, error, needle", [
+    ([5], ValueError, "there is no CUDA device 5; this process sees devices 0..1"),
+    ([0, -1], ValueError, "there is no CUDA device -1"),
+    (["cuda:7"], ValueError, "there is no CUDA device 7"),
+    (["cpu"], ValueError, "'cpu' is not a CUDA device"),
+    ([1.5], TypeError, "device 1.5 (float) is not an index"),
+    ([True], TypeError, "device True is a bool"),
+    ("01", TypeError, "timeline devices '01' is not a list of devices"),
+    (3, TypeError, "timeline devices 3 is not a list of devices"),
+    ([], ValueError, "timeline devices is empty"),
+], ids=["absent", "negative", "cuda:7", "cpu", "float", "bool", "str", "int", "empty"])
+def test_timeline_refuses_bad_devices_before_it_starts(monkeypatch, devices, error, needle):
+    use_timeline_c(monkeypatch, TwoDevicesC())
+    with pytest.raises(error) as caught:
+        timeline.start(devices=devices)
+    assert needle in str(caught.value)
+    assert not timeline.is_recording()
+
+
+def test_timeline_records_the_devices_named(monkeypatch):
+    use_timeline_c(monkeypatch, TwoDevicesC())
+    timeline.start(interval_s=0.001, devices=["cuda:1", 1])
+    wait_for(lambda: len(timeline.points(1)) >= 2)
+    timeline.stop()
+    assert timeline.points(1) and timeline.points(0) == []
+
+
+@pytest.mark.parametrize("interval_s, max_points, error", [
+    (0, 10, ValueError), (float("inf"), 10, ValueError), (0.01, 1, ValueError),
+    ("fast", 10, TypeError), (0.01, 2.5, TypeError), (True, 10, TypeError),
+])
+def test_timeline_refuses_bad_settings_naming_them(counting_c, interval_s, max_points, error):
+    with pytest.raises(error, match="gpumem: timeline"):
+        timeline.start(interval_s=interval_s, max_points=max_points)
+    assert not timeline.is_recording()
+
+
+class FailingC(CountingC):
+    """Statistics that can be read twice, then fail, as a device lost mid-run would."""
+
+    def stats(self, device: int) -> dict:
+        if self.reads == 2:
+            raise RuntimeError("CUDA error: device lost")
+        return super().stats(device)
+
+
+def test_timeline_stops_on_an_error_keeping_its_points_and_saying_why(monkeypatch):
+    use_timeline_c(monkeypatch, FailingC())
+    failures = []
+    monkeypatch.setattr("threading.excepthook", failures.append)  # a thread that dies would land here
+    timeline.start(interval_s=0.001)
+    wait_for(lambda: not timeline.is_recording())
+    assert not timeline.is_recording() and failures == []
+    assert len(timeline.points(0)) == 2
+    assert timeline.error() == "RuntimeError: CUDA error: device lost"
+    with pytest.warns(RuntimeWarning, match="timeline stopped recording early: RuntimeError: CUDA error: device lost"):
+        timeline.stop()
+
+
+def test_timeline_error_is_none_while_all_is_well(counting_c):
+    timeline.start(interval_s=0.001)
+    wait_for(lambda: len(timeline.points(0)) >= 2)
+    timeline.stop()
+    assert timeline.error() is None
+
+
+# ---- plot advice fits the report ----------------------------------------------------------------
+
+
+def test_plot_of_a_simulated_device_without_a_timeline_gives_replay_advice():
+    pytest.importorskip("matplotlib")
+    with pytest.raises(ValueError) as caught:
+        Report.from_stats([{"stats": {}, "simulated": True}]).plot()
+    assert "replay" in str(caught.value) and "timeline.start" not in str(caught.value)
+
+
+def test_plot_after_the_timeline_failed_says_why_it_has_no_points(monkeypatch):
+    pytest.importorskip("matplotlib")
+    fake = FailingC()
+    fake.reads = 2  # fails at the first read
+    use_timeline_c(monkeypatch, fake)
+    timeline.start(interval_s=0.001)
+    wait_for(lambda: not timeline.is_recording())
+    with pytest.raises(ValueError, match=r"the timeline stopped recording on an error \(RuntimeError: CUDA error"):
+        Report.from_stats([{"stats": {}}]).plot()
+    with pytest.warns(RuntimeWarning):
+        timeline.stop()

@@ -195,3 +195,92 @@ def test_set_release_threshold_on_one_device(fake_c):
 def test_a_release_threshold_that_is_not_a_number_is_a_type_error(fake_c, share):
     with pytest.raises(TypeError, match="release threshold"):
         gpumem.set_release_threshold(share)
+
+
+# ---- without a CUDA device ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_device(monkeypatch):
+    fake = FakeC([])
+    use_fake_c(monkeypatch, fake)
+    return fake
+
+
+@pytest.mark.parametrize("limit, device", [("4XB", None), ("4XB", 0), ("-1GB", None), (float("nan"), None)])
+def test_without_a_device_a_bad_limit_is_still_named_first(no_device, limit, device):
+    with pytest.raises(ValueError) as caught:
+        gpumem.set_limit(limit, device=device)
+    assert str(limit) in str(caught.value) and gpumem._C.limit_forms in str(caught.value)
+    assert not no_device.installed
+
+
+@pytest.mark.parametrize("call", [
+    lambda: gpumem.set_limit("4GB"),
+    lambda: gpumem.set_limit("4GB", device=0),
+    lambda: gpumem.set_limit("4GB", device="cuda"),
+    lambda: gpumem.get_limit(),
+    lambda: gpumem.get_limit(0),
+    lambda: gpumem.set_segments("plain"),
+    lambda: gpumem.set_segments("plain", device="cuda:1"),
+    lambda: gpumem.get_segments(),
+    lambda: gpumem.stats(),
+    lambda: gpumem.reset_peak_stats(0),
+    lambda: gpumem.set_release_threshold(0.5),
+    lambda: gpumem.report(0),
+    lambda: gpumem.device_mem_info(),
+    lambda: gpumem.timeline.start(),
+    lambda: gpumem.timeline.start(devices=[0]),
+], ids=["set_limit", "set_limit-0", "set_limit-cuda", "get_limit", "get_limit-0", "set_segments",
+        "set_segments-cuda:1", "get_segments", "stats", "reset_peak_stats", "set_release_threshold", "report-0",
+        "device_mem_info", "timeline", "timeline-0"])
+def test_without_a_device_every_call_raises_the_same_runtime_error(no_device, call):
+    with pytest.raises(RuntimeError) as caught:
+        call()
+    assert str(caught.value) == "gpumem: no CUDA device is visible to this process (see CUDA_VISIBLE_DEVICES)"
+    assert not no_device.installed
+
+
+@pytest.mark.parametrize("share", [5, -0.5, float("nan")])
+def test_without_a_device_a_bad_release_threshold_is_still_named_first(no_device, share):
+    with pytest.raises(ValueError, match=rf"bad release threshold {share}: expected a share of the limit"):
+        gpumem.set_release_threshold(share)
+
+
+def test_a_bad_release_threshold_changes_no_device(fake_c):
+    with pytest.raises(ValueError, match="bad release threshold 1.5"):
+        gpumem.set_release_threshold(1.5)
+    assert fake_c.release_thresholds == [0.0, 0.0]
+
+
+# ---- the user's values in messages ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["4\x00GB", "4\x1b[2JGB", "9" * 10_000_000 + "XB"], ids=["nul", "escape", "long"])
+def test_a_bad_limit_is_shown_escaped_and_cut(fake_c, value):
+    with pytest.raises(ValueError) as caught:
+        gpumem.set_limit(value)
+    message = str(caught.value)
+    assert message.startswith(f"gpumem: bad limit {gpumem._words.shown(value, quote=chr(34))}: ")
+    assert message.isprintable() and len(message) < 2000
+
+
+def test_a_huge_int_limit_is_refused_naming_it(fake_c):
+    with pytest.raises(ValueError, match=r"limit 18446744073709551616 is out of range"):
+        gpumem.set_limit(1 << 64)
+    with pytest.raises(ValueError, match=r"limit <a int> is out of range"):
+        gpumem.set_limit(10 ** 5000)  # more digits than Python writes as text
+
+
+@pytest.mark.parametrize("device", ["cuda:\x1b[31m", "x" * 1_000_000], ids=["escape", "long"])
+def test_a_bad_device_is_shown_escaped_and_cut(fake_c, device):
+    with pytest.raises(ValueError) as caught:
+        gpumem.set_limit("1GB", device=device)
+    assert caught.value.args[0].isprintable() and len(str(caught.value)) < 300
+
+
+def test_a_limit_of_the_wrong_type_is_shown_cut(fake_c):
+    with pytest.raises(TypeError) as caught:
+        gpumem.set_limit([1] * 1_000_000)
+    assert "[1, 1, 1," in str(caught.value) and "… (3000000 characters)" in str(caught.value)
+    assert len(str(caught.value)) < 1000

@@ -1,0 +1,128 @@
+"""The `gpumem` command's exit statuses, as its --help lists them: each one, and no traceback ever."""
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from gpumem import cli, replay
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+
+def gpumem(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("GPUMEM_")}
+    return subprocess.run([sys.executable, "-m", "gpumem", *args], env={**environment, **(env or {})},
+                          capture_output=True, text=True, timeout=300)
+
+
+def data(name: str) -> str:
+    return str(DATA / f"{name}.pickle")
+
+
+def test_help_lists_every_exit_status():
+    epilog = gpumem("--help").stdout.split("Exit status:")[1]
+    for status in ("0 ", "1 ", "2 ", "130 ", "141 ", "127 if it is not", "126 if it cannot"):
+        assert status in epilog
+
+
+@pytest.mark.parametrize("args, env, status", [
+    (["info"], {}, 0),
+    (["replay", data("big_blocks"), "--limit", "3GB"], {}, 0),
+    (["replay", data("big_blocks"), "--limit", "500MB"], {}, 1),
+    ([], {}, 2),
+    (["shrink"], {}, 2),
+    (["replay", data("big_blocks"), "--limit", "4XB"], {}, 2),
+    (["replay", data("missing"), "--limit", "1GB"], {}, 2),
+    (["replay", data("with_global"), "--limit", "1GB"], {}, 2),
+    (["info"], {"GPUMEM_LIMIT": "4XB"}, 2),
+    (["info"], {"GPUMEM_SEGMENTS": "fast"}, 2),
+    (["run", "--limit", "4GB", "--", sys.executable, "-c", "raise SystemExit(3)"], {}, 3),
+    (["run", "--limit", "4GB", "--", "no-such-program-gpumem"], {}, 127),
+    (["run", "--limit", "4GB", "--", os.devnull], {}, 126),
+], ids=["info", "fits", "does-not-fit", "no-verb", "unknown-verb", "bad-limit", "missing-snapshot",
+        "invalid-snapshot", "info-bad-limit", "info-bad-segments", "run-passes-through", "run-not-found",
+        "run-cannot-execute"])
+def test_exit_status(args, env, status):
+    completed = gpumem(*args, env=env)
+    assert completed.returncode == status, completed.stdout + completed.stderr
+    assert "Traceback" not in completed.stderr
+
+
+def test_a_plot_that_cannot_be_written_exits_2(tmp_path):
+    pytest.importorskip("matplotlib")
+    completed = gpumem("replay", data("big_blocks"), "--limit", "3GB", "--plot", str(tmp_path / "no" / "m.png"))
+    assert completed.returncode == 2 and "result" in completed.stdout and "Traceback" not in completed.stderr
+
+
+def test_output_to_a_pipe_whose_reader_has_gone_exits_141_quietly():
+    child = subprocess.Popen([sys.executable, "-m", "gpumem", "replay", data("train_like")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child.stdout.close()  # before gpumem writes a line: it takes a second to start
+    assert child.wait(timeout=300) == 141
+    assert child.stderr.read() == b""
+
+
+# ---- in this process: what no input reaches ----------------------------------------------------
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), MemoryError("boom"), RecursionError("boom"),
+                                   KeyError("boom"), AttributeError("boom")],
+                         ids=lambda error: type(error).__name__)
+def test_an_unexpected_exception_is_an_internal_error_with_status_2(monkeypatch, capsys, error):
+    def fails(args):
+        raise error
+
+    monkeypatch.setattr(cli, "_info", fails)
+    assert cli.main(["info"]) == 2
+    message = str(error)
+    assert capsys.readouterr().err == f"gpumem: error: internal error: {type(error).__name__}: {message}\n"
+
+
+def test_an_unexpected_exception_in_a_replay_is_an_internal_error(monkeypatch, capsys):
+    monkeypatch.setattr(replay, "replay", lambda *args, **kwargs: 1 / 0)
+    assert cli.main(["replay", data("big_blocks"), "--limit", "3GB"]) == 2
+    assert capsys.readouterr().err == "gpumem: error: internal error: ZeroDivisionError: division by zero\n"
+
+
+def test_an_internal_errors_message_is_escaped_and_cut(monkeypatch, capsys):
+    def fails(args):
+        raise RuntimeError("\x1b[2J" + "x" * 100_000)
+
+    monkeypatch.setattr(cli, "_info", fails)
+    assert cli.main(["info"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpumem: error: internal error: RuntimeError: \\x1b[2Jxxx")
+    assert "\x1b" not in err and len(err) < 1200 and "(100004 characters)" in err
+
+
+def test_an_internal_error_without_a_message_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_info", lambda args: (_ for _ in ()).throw(MemoryError()))
+    assert cli.main(["info"]) == 2
+    assert capsys.readouterr().err == "gpumem: error: internal error: MemoryError: (no message)\n"
+
+
+@pytest.mark.parametrize("verb, args", [("_info", ["info"]),
+                                        ("_replay", ["replay", data("big_blocks"), "--limit", "3GB"])])
+def test_ctrl_c_exits_130_quietly(monkeypatch, capsys, verb, args):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, verb, interrupted)
+    assert cli.main(args) == 130
+    assert capsys.readouterr().err == ""
+
+
+def test_ctrl_c_while_run_starts_the_program_exits_130_and_puts_the_signals_back(monkeypatch, capsys):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "execve", interrupted)
+    before = signal.getsignal(signal.SIGPIPE)
+    assert cli.main(["run", "--limit", "4GB", "--", "true"]) == 130
+    assert capsys.readouterr().err == ""
+    assert signal.getsignal(signal.SIGPIPE) == before
