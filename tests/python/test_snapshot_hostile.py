@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from gpumem import snapshot_file
+from gpumem import _plain_data, snapshot_file
 from gpumem.snapshot_file import DEVICE_TOTALS_KEY, MAX_BYTES, MAX_DEVICES, SnapshotError, from_dict, load
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -98,10 +98,15 @@ CHILD = r"""
 import importlib.util, json, resource, sys
 module_path, snapshot_path, memory = sys.argv[1], sys.argv[2], int(sys.argv[3])
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-spec = importlib.util.spec_from_file_location("snapshot_file", module_path)
-module = importlib.util.module_from_spec(spec)
-sys.modules["snapshot_file"] = module  # dataclasses look their module up there
-spec.loader.exec_module(module)
+# The reader's two modules alone, without the gpumem package (and torch) it lives in.
+def load_module(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+load_module("gpumem._plain_data", module_path.replace("snapshot_file.py", "_plain_data.py"))
+module = load_module("snapshot_file", module_path)
 try:
     module.load(snapshot_path)
     outcome = {"error": None, "message": ""}
@@ -242,7 +247,7 @@ def test_a_memory_error_while_unpickling_is_a_snapshot_error(tmp_path, monkeypat
     def exhausted(reader):
         raise MemoryError
 
-    monkeypatch.setitem(snapshot_file._OPCODES, pickle.EMPTY_DICT[0], exhausted)
+    monkeypatch.setitem(_plain_data.OPCODES, pickle.EMPTY_DICT[0], exhausted)
     rejected(write(tmp_path, pickle.dumps(snapshot())), "not a usable pickle: MemoryError")
 
 
@@ -250,7 +255,7 @@ def test_a_keyboard_interrupt_while_unpickling_is_not_caught(tmp_path, monkeypat
     def interrupted(reader):
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(snapshot_file._OPCODES, pickle.EMPTY_DICT[0], interrupted)
+    monkeypatch.setitem(_plain_data.OPCODES, pickle.EMPTY_DICT[0], interrupted)
     with pytest.raises(KeyboardInterrupt):
         load(write(tmp_path, pickle.dumps(snapshot())))
 
