@@ -135,7 +135,7 @@ if __name__ == "__main__":
         version="0.1.0",
         package_dir={"": "python"},
         packages=["gpumem"],
-        py_modules=["_gpumem_autoload"],
+        py_modules=["_gpumem_autoload", "_gpumem_command"],
         ext_modules=[extension()],
         cmdclass={"build_ext": BuildExtension, "build_py": build_py_with_autoload_pth()},
     )

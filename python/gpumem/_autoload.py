@@ -33,9 +33,7 @@ Note [when a bad GPUMEM_LIMIT is caught]
 """
 from __future__ import annotations
 
-import linecache
 import os
-import re
 import sys
 
 from gpumem import _api, _env
@@ -44,11 +42,6 @@ from gpumem._words import bounded, shown
 EXIT_BAD_LIMIT = 2
 
 state = "not run"
-
-# The line of the `gpumem` console script (the wrapper pip writes for the entry point
-# gpumem.cli:main) that imports gpumem, and with it torch.
-_CONSOLE_SCRIPT_IMPORT = re.compile(r"\s*from\s+gpumem\.cli\s+import\s+main\s*(?:#.*)?")
-
 
 def install() -> None:
     """Installs gpumem with GPUMEM_LIMIT's limits and GPUMEM_SEGMENTS's segment kind; exits with
@@ -83,16 +76,9 @@ def _is_the_gpumem_command() -> bool:
 
 
 def _is_the_console_script() -> bool:
-    # The hook runs inside the import of torch; the console script's main module is at the line
-    # that imports gpumem.cli (which imports the package, which imports torch).
-    frame = sys._getframe()
-    while frame is not None and not (frame.f_globals.get("__name__") == "__main__"
-                                     and frame.f_code.co_name == "<module>"):
-        frame = frame.f_back
-    if frame is None:
-        return False
-    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-    return _CONSOLE_SCRIPT_IMPORT.fullmatch(line.rstrip("\n")) is not None
+    # The console script starts in _gpumem_command, which says so before it imports gpumem.
+    command = sys.modules.get("_gpumem_command")
+    return command is not None and getattr(command, "running", False) is True
 
 
 def _is_python_m_gpumem() -> bool:

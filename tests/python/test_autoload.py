@@ -196,7 +196,7 @@ CONSOLE_SCRIPT = f"""#!{sys.executable}
 # -*- coding: utf-8 -*-
 import re
 import sys
-from gpumem.cli import main
+from _gpumem_command import main
 if __name__ == '__main__':
     sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
     sys.exit(main())

@@ -126,3 +126,23 @@ def test_ctrl_c_while_run_starts_the_program_exits_130_and_puts_the_signals_back
     assert cli.main(["run", "--limit", "4GB", "--", "true"]) == 130
     assert capsys.readouterr().err == ""
     assert signal.getsignal(signal.SIGPIPE) == before
+
+
+class _InterruptingFinder:
+    """Raises KeyboardInterrupt when gpumem.cli is imported: a Ctrl-C while torch loads."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "gpumem.cli":
+            raise KeyboardInterrupt
+        return None
+
+
+def test_ctrl_c_while_the_command_imports_torch_exits_130_quietly(monkeypatch, capsys):
+    import _gpumem_command
+
+    monkeypatch.delitem(sys.modules, "gpumem.cli", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_InterruptingFinder(), *sys.meta_path])
+    monkeypatch.setattr(_gpumem_command, "running", False)
+    assert _gpumem_command.main() == 130
+    assert _gpumem_command.running is True
+    assert capsys.readouterr() == ("", "")
