@@ -13,17 +13,17 @@
 # else: PATH is the environment's bin alone, CC and CXX are /bin/false, CUDA_HOME points nowhere,
 # no PYTHONPATH or LD_LIBRARY_PATH. Exits non-zero if any step fails, with a line naming it.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-ROOT=$PWD
-PYTHON=${PYTHON:-python3}
 KEEP=""
 wheel=""
-case "${1:-}" in
-  --keep) KEEP=${2:?--keep needs a directory} ;;
-  --wheel) wheel=$(realpath "${2:?--wheel needs a file}") || exit 2 ;;
+case "${1:-}" in  # paths as given, from where the script was started
+  --keep) KEEP=$(realpath -m "${2:?--keep needs a directory}") ;;
+  --wheel) wheel=$(realpath -e "${2:?--wheel needs a file}") || exit 2 ;;
   "") ;;
   *) echo "usage: bash tools/wheel_check.sh [--keep DIR | --wheel FILE]" >&2; exit 2 ;;
 esac
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PYTHON=${PYTHON:-python3}
 DATA=$ROOT/tests/python/data
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpumem-wheel.XXXXXX") || exit 1
