@@ -3,6 +3,10 @@
 Needs PyTorch already installed and no nvcc (only the CUDA runtime's headers and library):
     pip install --no-build-isolation .      (or -e . for a working copy)
 
+The version is VERSION plus a local label naming the torch the build is for (0.1.0+torch2.11.0.cu130),
+and the build leaves gpumem/_build.py beside _C to say the same to gpumem/__init__.py, which
+refuses to load _C under another torch (see python/gpumem/_build_check.py).
+
 The torch adapter has to match the installed torch's CUDAAllocator interface, which changes
 between releases. torch_feature_macros() reads the installed headers and says which of the known
 changes are present; csrc/torch/compat.h turns the answers into code. CMake's torch tests call
@@ -11,6 +15,8 @@ the same function, so both builds see one list.
 import glob
 import os
 import re
+
+VERSION = "0.1.0"  # the public version, the one place it is written
 
 # (macro, header under torch/include, pattern searched in that header with all white space removed)
 TORCH_FEATURES = [
@@ -104,6 +110,50 @@ def build_py_with_autoload_pth():
     return build_py_with_pth
 
 
+def torch_tag(torch_version, cuda_version):
+    """The local version label for a build against this torch: its release and its CUDA build,
+    "torch2.11.0.cu130" for 2.11.0+cu130, "torch2.11.0.cpu" for a CPU-only torch."""
+    release = torch_version.split("+")[0]
+    build = "cu" + cuda_version.replace(".", "") if cuda_version else "cpu"
+    return re.sub(r"[^a-z0-9]+", ".", f"torch{release}.{build}".lower()).strip(".")
+
+
+def build_record(version, torch_version, cuda_version):
+    """The text of gpumem/_build.py, which gpumem/_build_check.py reads."""
+    return (
+        '"""Written by setup.py when it built gpumem._C beside this file: the torch it was built '
+        'against."""\n'
+        f"VERSION = {version!r}\nTORCH_VERSION = {torch_version!r}\nTORCH_CUDA = {cuda_version!r}\n"
+    )
+
+
+def build_ext_with_record():
+    """torch's BuildExtension, plus gpumem/_build.py written beside the compiled module."""
+    import torch
+    from torch.utils.cpp_extension import BuildExtension
+
+    class build_ext_with_record(BuildExtension):
+        def finalize_options(self):
+            super().finalize_options()
+            # File times cannot tell that a _C left by an earlier build was built against another torch.
+            self.force = True
+
+        def run(self):
+            super().run()
+            text = build_record(self.distribution.get_version(), str(torch.__version__), torch.version.cuda)
+            with open(self._record_path(), "w") as record:
+                record.write(text)
+
+        def get_outputs(self):
+            return super().get_outputs() + ([] if self.inplace else [self._record_path()])
+
+        def _record_path(self):
+            # Beside _C: in build_lib for a wheel, in the source tree for an in-place (editable) build.
+            return os.path.join(os.path.dirname(self.get_ext_fullpath("gpumem._C")), "_build.py")
+
+    return build_ext_with_record
+
+
 def extension():
     from torch.utils.cpp_extension import CppExtension, library_paths
 
@@ -127,15 +177,15 @@ def extension():
 
 
 if __name__ == "__main__":
+    import torch
     from setuptools import setup
-    from torch.utils.cpp_extension import BuildExtension
 
     setup(
         name="gpumem",
-        version="0.1.0",
+        version=f"{VERSION}+{torch_tag(str(torch.__version__), torch.version.cuda)}",
         package_dir={"": "python"},
         packages=["gpumem"],
         py_modules=["_gpumem_autoload", "_gpumem_command"],
         ext_modules=[extension()],
-        cmdclass={"build_ext": BuildExtension, "build_py": build_py_with_autoload_pth()},
+        cmdclass={"build_ext": build_ext_with_record(), "build_py": build_py_with_autoload_pth()},
     )

@@ -4,7 +4,9 @@
 #   2. the same under AddressSanitizer + UndefinedBehaviorSanitizer, with the invariant checker
 #      compiled into every operation,
 #   3. the threaded tests under ThreadSanitizer,
-#   4. the Python tests (pytest) against gpumem installed with pip; GPU tests skip without a GPU.
+#   4. the Python tests (pytest) against gpumem installed with pip; GPU tests skip without a GPU,
+#   5. the wheel: built here, installed in a fresh environment without a compiler, used there
+#      (tools/wheel_check.sh; a few minutes, most of them compiling).
 # Exits non-zero if any suite fails or runs no test.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +60,7 @@ suite "TSan, threaded tests (CTest)" ctest_build build/tsan -DCMAKE_BUILD_TYPE=R
   -DGPUMEM_SANITIZE=thread -DGPUMEM_TORCH_TESTS=OFF "-DGPUMEM_TEST_SPEC=[threads]"
 unset GPUMEM_PROPERTY_OPS GPUMEM_THREAD_OPS TSAN_OPTIONS
 suite "Python tests (pytest)" pytest_run
+suite "wheel (build, install in a fresh environment, use)" env PYTHON="$PYTHON" MAX_JOBS="$JOBS" bash tools/wheel_check.sh
 
 echo
 echo "suites: $passed passed, $failed failed"

@@ -6,6 +6,10 @@
 # torch first: loading the compiled module before torch has set itself up crashes the process.
 import torch  # noqa: F401
 
+from gpumem import _build_check
+
+_build_check.require_matching_torch()  # before _C, which under another torch fails to load or worse
+
 try:
     from gpumem import _C
 except ImportError as error:
