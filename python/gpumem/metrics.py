@@ -12,8 +12,8 @@ would start CUDA. The metrics and their meanings are listed in docs/monitoring.m
 
 GPUMEM_METRICS_PORT (see serve_for_environment) is a base port: each process serves on
 127.0.0.1:(base + LOCAL_RANK), LOCAL_RANK 0 when unset, so the ranks of a torchrun job on one node
-take consecutive ports. It opens when the process first initializes CUDA, so a launcher (torchrun
-itself) and DataLoader workers, which never do, hold no port. What stops it (the port in use,
+take consecutive ports. gpumem._monitoring opens it when the process first initializes CUDA, so a
+launcher (torchrun itself) and DataLoader workers, which never do, hold no port. What stops it (the port in use,
 prometheus_client missing) is one line on stderr, and the program goes on: the cap matters more
 than the metrics.
 """
@@ -174,6 +174,9 @@ def serve_metrics(port: int, addr: str = "127.0.0.1") -> MetricsServer:
                           "process (another rank?) may hold the port: pick another")
         refused.errno = error.errno  # errno.EADDRINUSE for a port in use
         raise refused from None
+    if hasattr(os, "register_at_fork"):
+        # A forked child (a DataLoader worker) has no serving thread: it lets go of the port.
+        os.register_at_fork(after_in_child=server.socket.close)
     return MetricsServer(server, thread, addr)
 
 

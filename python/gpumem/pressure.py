@@ -100,12 +100,13 @@ class Watcher:
             self._thread.join()
 
     def after_fork_in_child(self) -> None:
-        # The parent's thread is gone, and it may have held the locks when the process forked.
+        """A forked child starts with no callbacks and no thread. fork copies no thread, and most
+        forked children (DataLoader workers) never use CUDA: one that does registers its own. The
+        parent's thread may have held the locks when the process forked."""
         self._lock = threading.Lock()
-        self._stop = threading.Event() if not self._stop.is_set() else self._stop
+        self._stop = threading.Event()
         self._thread = None
-        if self._callbacks:
-            self._start_locked()
+        self._callbacks = {}
 
     def _start_locked(self) -> None:
         if self._poll_seconds is None or (self._thread is not None and self._thread.is_alive()):

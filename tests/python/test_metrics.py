@@ -204,6 +204,15 @@ def test_a_port_in_use_is_an_os_error_naming_the_address(served):
     assert caught.value.errno == errno.EADDRINUSE
 
 
+def test_a_forked_child_lets_go_of_the_port_and_the_parent_still_serves(served):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if served._server.socket.fileno() == -1 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert "gpumem_limit_bytes" in scrape(served.port)
+
+
 @pytest.mark.parametrize("port", ["9400", 9400.0, True, None])
 def test_a_port_that_is_not_an_int_is_a_type_error(port):
     with pytest.raises(TypeError, match="metrics port .* is not an int; give 0..65535"):

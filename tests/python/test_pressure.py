@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 
 import pytest
@@ -203,6 +204,17 @@ def test_the_watchers_thread_goes_on_after_a_callback_raises(sim):
 
 
 # ---- gpumem.on_pressure and GPUMEM_WARN_AT over the fake compiled layer -------------------------
+
+
+def test_a_forked_child_starts_with_no_callbacks(fake_c, process_watcher):
+    gpumem.on_pressure(0.5, print)
+    pid = os.fork()
+    if pid == 0:
+        watcher = pressure._process_watcher
+        os._exit(0 if watcher._callbacks == {} and watcher._thread is None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert pressure._process_watcher._callbacks == {0.5: [print]}
 
 
 def test_on_pressure_watches_every_device_those_not_used_yet_included(fake_c, process_watcher):
