@@ -1,5 +1,6 @@
 #include "core/caching_allocator.h"
 
+#include <algorithm>
 #include <string>
 
 namespace gpumem {
@@ -51,7 +52,11 @@ DeviceAllocator& CachingAllocator::make_device(int index) {
   run_setup();
   std::lock_guard<std::mutex> lock(create_mutex_);
   if (!devices_[index]) {
-    devices_[index] = std::make_unique<DeviceAllocator>(backend_, index, configs_[index]);
+    auto device = std::make_unique<DeviceAllocator>(backend_, index, configs_[index]);
+    for (std::size_t slot = 0; slot < pressure_shares_.size(); ++slot) {
+      device->watch_pressure(static_cast<int>(slot), pressure_shares_[slot]);
+    }
+    devices_[index] = std::move(device);
     ready_[index].store(devices_[index].get(), std::memory_order_release);
   }
   return *devices_[index];
@@ -60,6 +65,34 @@ DeviceAllocator& CachingAllocator::make_device(int index) {
 DeviceAllocator* CachingAllocator::existing(int index) const {
   check_index(index);
   return ready_[index].load(std::memory_order_acquire);
+}
+
+std::vector<DeviceAllocator*> CachingAllocator::existing_devices() const {
+  std::vector<DeviceAllocator*> out;
+  const int count = count_.load(std::memory_order_acquire);  // -1 until counted: no devices
+  for (int i = 0; i < count; ++i) {
+    if (DeviceAllocator* ready = ready_[i].load(std::memory_order_acquire)) out.push_back(ready);
+  }
+  return out;
+}
+
+void CachingAllocator::watch_pressure(double share) {
+  check_pressure_share(share);
+  std::lock_guard<std::mutex> lock(create_mutex_);
+  if (std::find(pressure_shares_.begin(), pressure_shares_.end(), share) != pressure_shares_.end()) return;
+  if (pressure_shares_.size() == static_cast<std::size_t>(kMaxPressureWatches)) {
+    throw LimitSpecError("gpumem: cannot watch pressure at " + std::to_string(share) + ": at most " +
+                         std::to_string(kMaxPressureWatches) + " different shares can be watched, and " +
+                         std::to_string(kMaxPressureWatches) + " are; reuse one of them");
+  }
+  pressure_shares_.push_back(share);
+  // Before the devices are counted none exists, and devices_ may be being sized: a device made
+  // later takes the shares in make_device.
+  if (count_.load(std::memory_order_acquire) < 0) return;
+  const int slot = static_cast<int>(pressure_shares_.size() - 1);
+  for (const auto& device : devices_) {
+    if (device) device->watch_pressure(slot, share);
+  }
 }
 
 AllocatorConfig CachingAllocator::config(int index) {

@@ -39,6 +39,13 @@ class CachingAllocator {
   }
   // The device's allocator if it was created; nullptr otherwise (nothing allocated there yet).
   DeviceAllocator* existing(int index) const;
+  // The devices whose allocator was created. Counts no devices: before anything was asked of the
+  // backend there are none (monitoring must not start CUDA).
+  std::vector<DeviceAllocator*> existing_devices() const;
+  // Watches every device, those made later included, for reserved passing `share` of its limit
+  // (core/pressure.h). The same share twice is one watch. Throws LimitSpecError, changing nothing,
+  // for a share outside (0, 1] or one more share than kMaxPressureWatches.
+  void watch_pressure(double share);
   // Settings for a device: applied now if its allocator exists, else when it is created.
   void configure(int index, const AllocatorConfig& config);
   // The config a device has, or will be created with.
@@ -83,8 +90,9 @@ class CachingAllocator {
   // Sized when the devices are counted; count_ is -1 until then.
   mutable std::once_flag counted_;
   mutable std::atomic<int> count_{-1};
-  mutable std::mutex create_mutex_;  // guards configs_, devices_
+  mutable std::mutex create_mutex_;  // guards configs_, devices_, pressure_shares_
   mutable std::vector<AllocatorConfig> configs_;
+  std::vector<double> pressure_shares_;  // by watch slot
   mutable std::vector<std::unique_ptr<DeviceAllocator>> devices_;
   mutable std::vector<std::atomic<DeviceAllocator*>> ready_;
   // The deferred setup. Recursive: the setup itself configures devices, which would run it.

@@ -238,10 +238,13 @@ void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size) {
   info.largest_free_block = largest_free_block_locked();
   if (device_refused_) {
     info.kind = OomKind::kDeviceFull;
+    ++stats_.num_ooms_device_full;
   } else if (!fits_under(info.allocated, size, info.limit)) {
     info.kind = OomKind::kOverLimit;
+    ++stats_.num_ooms_over_limit;
   } else {
     info.kind = OomKind::kFragmentation;
+    ++stats_.num_ooms_fragmentation;
   }
   throw OutOfMemoryError(info);
 }
@@ -480,6 +483,11 @@ void DeviceAllocator::set_release_threshold(double share) {
   std::lock_guard<std::mutex> lock(mutex_);
   release_threshold_ = share;
   if (share > 0.0) apply_release_threshold();
+}
+
+void DeviceAllocator::watch_pressure(int slot, double share) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cap_.watch_pressure(slot, share);
 }
 
 double DeviceAllocator::release_threshold() const {

@@ -104,7 +104,11 @@ class DeviceAllocator {
   // The same, from a limit spec ("4GB", "50%", "none", ...); a bad spec changes nothing.
   void set_limit(std::string_view spec);
   std::size_t limit() const { return cap_.limit(); }
-  std::size_t reserved() const { return cap_.reserved(); }
+  std::size_t reserved() const { return cap_.reserved(); }  // lock-free, as limit()
+  // Counts crossings of `share` of the limit in watch slot `slot` (core/pressure.h); the counts
+  // are read without the lock.
+  void watch_pressure(int slot, double share);
+  const PressureWatches& pressure() const { return cap_.pressure(); }
   void set_release_threshold(double share);
   double release_threshold() const;
 
@@ -175,7 +179,9 @@ class DeviceAllocator {
     if (!got) {
       cap_.unreserve(bytes);
       device_refused_ = true;
+      return got;
     }
+    cap_.grown();
     return got;
   }
   std::size_t allocated_locked() const;  // allocated blocks and uncached memory: what the cap is measured against

@@ -9,6 +9,8 @@
 //   active / active_bytes                allocated blocks plus freed blocks still in use on a stream
 //   inactive_split / inactive_split_bytes free blocks that share a segment with other blocks
 //   requested_bytes                      bytes the callers asked for, before rounding
+// num_ooms counts every out-of-memory failure; num_ooms_over_limit, _device_full and _fragmentation
+// split it by the error's case (OomKind), so they add up to it.
 #pragma once
 
 #include <array>
@@ -28,12 +30,15 @@
   X(inactive_split_bytes, "bytes in inactive split blocks")                          \
   X(requested_bytes, "bytes requested by callers, before rounding")
 
-#define GPUMEM_STAT_COUNTERS(X)                                                      \
-  X(num_alloc_retries, "requests that released cached memory and tried again")     \
-  X(num_ooms, "requests that failed with out-of-memory")                            \
-  X(num_sync_all_streams, "times the device was synchronized to release memory")    \
-  X(num_device_alloc, "segments obtained from the device")                          \
-  X(num_device_free, "segments returned to the device")                             \
+#define GPUMEM_STAT_COUNTERS(X)                                                             \
+  X(num_alloc_retries, "requests that released cached memory and tried again")              \
+  X(num_ooms, "requests that failed with out-of-memory")                                    \
+  X(num_ooms_over_limit, "of those: allocated plus the request over the limit")             \
+  X(num_ooms_device_full, "of those: under the limit, but the device had no memory left")   \
+  X(num_ooms_fragmentation, "of those: under the limit, but no block or segment fit")       \
+  X(num_sync_all_streams, "times the device was synchronized to release memory")            \
+  X(num_device_alloc, "segments obtained from the device")                                  \
+  X(num_device_free, "segments returned to the device")                                     \
   X(num_cache_releases, "times cached segments were released (policy, empty_cache, limit)")
 
 namespace gpumem {

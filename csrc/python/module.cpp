@@ -6,7 +6,9 @@
 //     segment kind set early holds from torch's first CUDA allocation on. install() and
 //     is_installed() touch no CUDA; device_count() starts the driver; the rest need a device;
 //   - SimAllocator: the same core over a simulated device, for tests and trace replay (no GPU);
-//     with page_size > 0 the device maps pages, and growable segments are in use by default.
+//     with page_size > 0 the device maps pages, and growable segments are in use by default;
+//   - what monitoring reads, on both (existing_devices, device_figures, watch_pressure,
+//     pressure_crossings): nothing of it counts the devices, makes an allocator or starts CUDA.
 // Errors: LimitSpecError and DeviceError -> ValueError; gpumem's OutOfMemoryError ->
 // _C.OutOfMemoryError (a MemoryError); install() too late -> RuntimeError.
 #include <pybind11/pybind11.h>
@@ -19,6 +21,7 @@
 #include "core/caching_allocator.h"
 #include "core/errors.h"
 #include "core/limit_spec.h"
+#include "core/pressure.h"
 #include "torch/install.h"
 #include "torch/startup.h"
 
@@ -65,6 +68,53 @@ py::list snapshot_list(const DeviceAllocator& device) {
 }
 
 void set_limit_bytes(DeviceAllocator& device, std::optional<std::size_t> nbytes) { device.set_limit(nbytes); }
+
+// ---- what monitoring reads (python/gpumem/metrics.py, pressure.py) ----
+// Counts no devices and makes no allocator: a device nobody used is not listed, so monitoring
+// never starts CUDA.
+
+py::list existing_device_list(const CachingAllocator& core) {
+  py::list out;
+  for (const DeviceAllocator* d : core.existing_devices()) out.append(d->device());
+  return out;
+}
+
+// One device's figures for a scrape: reserved and the limit lock-free, one copy of the statistics
+// (the lock held only for the copy), the device's own free and total where it can say (None if
+// asking fails). The GIL is released while they are read.
+py::dict device_figures(DeviceAllocator& device) {
+  std::size_t reserved = 0, limit = 0;
+  DeviceStats stats;
+  std::optional<MemInfo> mem;
+  {
+    py::gil_scoped_release release;
+    reserved = device.reserved();
+    limit = device.limit();
+    stats = device.stats();
+    quietly([&] { mem = device.device_mem_info(); });
+  }
+  py::object free = mem ? py::cast(mem->free) : py::none();
+  py::object total = mem ? py::cast(mem->total) : py::none();
+  return py::dict(py::arg("reserved") = reserved, py::arg("limit") = limit, py::arg("stats") = stats_dict(stats),
+                  py::arg("device_free") = free, py::arg("device_total") = total);
+}
+
+py::dict figures_of(const CachingAllocator& core, int index) {
+  DeviceAllocator* d = core.existing(index);
+  if (!d) throw DeviceError("gpumem: device " + std::to_string(index) + " has not been used yet: no figures");
+  return device_figures(*d);
+}
+
+// (device, share, crossings, reserved at the last crossing, limit) per watched share per device.
+py::list pressure_list(const CachingAllocator& core) {
+  py::list out;
+  for (const DeviceAllocator* d : core.existing_devices()) {
+    d->pressure().for_each([&](const PressureCount& c) {
+      out.append(py::make_tuple(d->device(), c.share, c.crossings, c.reserved_at_crossing, d->limit()));
+    });
+  }
+  return out;
+}
 
 // The backend, mapping pages of `page_size` bytes if that is not 0. Decided before the core
 // exists: each device's allocator reads the page size once, when it is made.
@@ -154,6 +204,8 @@ void register_errors(py::module_& m) {
 
 void bind_limits(py::module_& m) {
   m.attr("limit_forms") = kLimitForms;
+  m.attr("PRESSURE_REARM_GAP") = kPressureRearmGap;
+  m.attr("MAX_PRESSURE_SHARES") = kMaxPressureWatches;
   m.def("parse_limit", &parse_limit, py::arg("spec"), py::arg("device_total"),
         "Bytes for a limit spec on a device of device_total bytes; None for \"none\". ValueError if bad.");
   m.def("parse_limit_assignments", [](const std::string& text) {
@@ -225,6 +277,14 @@ void bind_process_allocator(py::module_& m) {
     const DeviceAllocator* d = core().existing(device);
     return d ? d->largest_free_block() : std::size_t{0};
   }, py::arg("device"));
+  m.def("existing_devices", [core] { return existing_device_list(core()); },
+        "The devices in use (their allocator made), without counting devices or starting CUDA.");
+  m.def("device_figures", [core](int device) { return figures_of(core(), device); }, py::arg("device"),
+        "A device in use: reserved, limit, stats, device_free and device_total (None where unknown).");
+  m.def("watch_pressure", [core](double share) { core().watch_pressure(share); }, py::arg("share"),
+        "Counts crossings of `share` of the limit on every device, those used later too.");
+  m.def("pressure_crossings", [core] { return pressure_list(core()); },
+        "(device, share, crossings, reserved at the last crossing, limit) per watched share, per device in use.");
 }
 
 void bind_sim_allocator(py::module_& m) {
@@ -253,7 +313,12 @@ void bind_sim_allocator(py::module_& m) {
       .def("check_invariants", [](SimAllocator& s, int device) { s.device(device).check_invariants(); }, py::arg("device"))
       .def("snapshot", [](SimAllocator& s, int device) { return snapshot_list(s.device(device)); }, py::arg("device"))
       .def("largest_free_block", [](SimAllocator& s, int device) { return s.device(device).largest_free_block(); },
-           py::arg("device"));
+           py::arg("device"))
+      .def("existing_devices", [](SimAllocator& s) { return existing_device_list(s.core()); })
+      .def("device_figures", [](SimAllocator& s, int device) { return figures_of(s.core(), device); },
+           py::arg("device"))
+      .def("watch_pressure", [](SimAllocator& s, double share) { s.core().watch_pressure(share); }, py::arg("share"))
+      .def("pressure_crossings", [](SimAllocator& s) { return pressure_list(s.core()); });
 }
 
 }  // namespace

@@ -34,6 +34,8 @@ from gpumem._api import (
     stats,
 )
 from gpumem import timeline
+from gpumem.metrics import serve_metrics
+from gpumem.pressure import on_pressure
 from gpumem.reporting import Report, collect as report
 
 __all__ = [
@@ -44,8 +46,10 @@ __all__ = [
     "get_limit",
     "get_segments",
     "is_enabled",
+    "on_pressure",
     "report",
     "reset_peak_stats",
+    "serve_metrics",
     "set_limit",
     "set_mem_info_view",
     "set_release_threshold",

@@ -12,7 +12,8 @@ program can allocate CUDA memory. `state` says what it did, for tests and for pe
 A GPUMEM_LIMIT whose syntax is bad stops the program with exit status 2 and one line on stderr,
 `gpumem: bad GPUMEM_LIMIT "4XB": ...`, rather than let it run without the cap. So does a bad
 GPUMEM_SEGMENTS (`gpumem: bad GPUMEM_SEGMENTS "fast": ...`). GPUMEM_SEGMENTS alone does not
-install gpumem: it says which segments gpumem uses once something installs it.
+install gpumem: it says which segments gpumem uses once something installs it. A bad GPUMEM_WARN_AT
+or GPUMEM_METRICS_PORT stops the program the same way (see docs/monitoring.md).
 
 Installing touches no CUDA, as `import torch` does not: CUDA_VISIBLE_DEVICES set after the import
 still applies, and a child forked before CUDA is used can use it. What GPUMEM_LIMIT means on the
@@ -53,12 +54,20 @@ def install() -> None:
     if _is_the_gpumem_command():
         state = "skipped: the gpumem command"
         return
+<<<<<<< HEAD
     try:
         _env.resolve_limit(text)
         _env.segments()
         _env.mem_info_view()
     except _env.SettingError as error:
         _stop_for(error)
+=======
+    _stop_if_bad(text, _syntax_error(text))
+    _stop_if_bad_setting(_env.SEGMENTS_VARIABLE, _env.segments)
+    _stop_if_bad_setting(_env.MEM_INFO_VARIABLE, _env.mem_info_view)
+    _stop_if_bad_setting(_env.WARN_AT_VARIABLE, _env.warn_at)  # see gpumem._monitoring
+    _stop_if_bad_setting(_env.METRICS_PORT_VARIABLE, _env.metrics_port)
+>>>>>>> wt-c
     try:
         _api.enable()
     except Exception as error:  # noqa: BLE001: whatever it is, the program must not run uncapped

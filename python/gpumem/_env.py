@@ -3,6 +3,8 @@
     GPUMEM_LIMIT     the limits: "4GB" for every device, or per device "0:4GB,1:8GB"
     GPUMEM_SEGMENTS  the segment kind on every device: "growable" or "plain"
     GPUMEM_MEM_INFO  what torch.cuda.mem_get_info reports: "capped" (the default) or "device"
+    GPUMEM_WARN_AT   a warning each time reserved passes this share of the limit (gpumem.pressure)
+    GPUMEM_METRICS_PORT  Prometheus metrics on this port plus LOCAL_RANK (gpumem.metrics)
 
 Installing touches no CUDA: the syntax is checked then (`limit_text`), and what depends on the
 devices (a percentage, a device number, a size above a device's memory) when the devices are first
@@ -13,12 +15,14 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional, Sequence
 
-from gpumem import _C, _limits, _segments, _torch_hooks
+from gpumem import _C, _limits, _segments, _torch_hooks, metrics, pressure
 from gpumem._words import bounded, shown
 
 VARIABLE = "GPUMEM_LIMIT"
 SEGMENTS_VARIABLE = "GPUMEM_SEGMENTS"
 MEM_INFO_VARIABLE = "GPUMEM_MEM_INFO"
+WARN_AT_VARIABLE = "GPUMEM_WARN_AT"
+METRICS_PORT_VARIABLE = "GPUMEM_METRICS_PORT"
 
 
 class SettingError(ValueError):
@@ -64,6 +68,16 @@ def mem_info_view(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     """GPUMEM_MEM_INFO's view of torch.cuda.mem_get_info; None when it is unset. A bad value raises
     SettingError as segments() does."""
     return _setting(environ, MEM_INFO_VARIABLE, _torch_hooks.view_of, _torch_hooks.VIEW_FORMS)
+
+
+def warn_at(environ: Mapping[str, str] = os.environ) -> Optional[float]:
+    """GPUMEM_WARN_AT's share of the limit; None when unset. A bad value raises as segments() does."""
+    return _setting(environ, WARN_AT_VARIABLE, pressure.share_of_text, pressure.SHARE_FORMS)
+
+
+def metrics_port(environ: Mapping[str, str] = os.environ) -> Optional[int]:
+    """GPUMEM_METRICS_PORT's base port; None when unset. A bad value raises as segments() does."""
+    return _setting(environ, METRICS_PORT_VARIABLE, metrics.port_of_text, metrics.PORT_FORMS)
 
 
 def _setting(environ: Mapping[str, str], variable: str, parse, forms: str):

@@ -246,14 +246,15 @@ TEST_CASE("statistics keep counting from zero after reset_accumulated_stats", "[
 
 TEST_CASE("flatten names every figure of every array and every counter", "[stats]") {
   const std::vector<StatEntry> flat = flatten(known_sequence());
-  REQUIRE(flat.size() == 9 * 3 * 4 + 6);
+  REQUIRE(flat.size() == 9 * 3 * 4 + 9);
   std::set<std::string> keys;
   for (const StatEntry& e : flat) keys.insert(e.first);
   REQUIRE(keys.size() == flat.size());
   for (const char* key : {"allocation.all.current", "segment.small_pool.peak", "active.large_pool.allocated",
                           "inactive_split.all.freed", "allocated_bytes.all.current", "reserved_bytes.large_pool.peak",
                           "active_bytes.small_pool.freed", "inactive_split_bytes.all.allocated",
-                          "requested_bytes.small_pool.current", "num_alloc_retries", "num_ooms", "num_sync_all_streams",
+                          "requested_bytes.small_pool.current", "num_alloc_retries", "num_ooms", "num_ooms_over_limit",
+                          "num_ooms_device_full", "num_ooms_fragmentation", "num_sync_all_streams",
                           "num_device_alloc", "num_device_free", "num_cache_releases"}) {
     INFO(key);
     CHECK(keys.count(key) == 1);

@@ -125,6 +125,20 @@ class FakeC:
         self._sim(device)
         self.peak_resets.append(device)
 
+    # What monitoring reads (gpumem.metrics, gpumem.pressure): each fake device is device 0 of its sim.
+    def existing_devices(self) -> list[int]:
+        return [device for device, sim in enumerate(self.sims) if sim.existing_devices()]
+
+    def device_figures(self, device: int) -> dict:
+        return self.sims[device].device_figures(0)
+
+    def watch_pressure(self, share: float) -> None:
+        for sim in self.sims:
+            sim.watch_pressure(share)
+
+    def pressure_crossings(self) -> list[tuple]:
+        return [(device, *rest) for device, sim in enumerate(self.sims) for _, *rest in sim.pressure_crossings()]
+
     def _sim(self, device: int):
         if not 0 <= device < len(self.sims):
             raise ValueError(f"fake _C: device {device} is not in 0..{len(self.sims) - 1}")

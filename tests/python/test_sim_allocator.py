@@ -186,7 +186,7 @@ def torch_memory_stats_keys(monkeypatch):
     return set(torch.cuda.memory_stats())
 
 
-def test_stats_keys_are_torchs_memory_stats_keys_plus_num_cache_releases(sim, monkeypatch):
+def test_stats_keys_are_torchs_memory_stats_keys_plus_gpumems_own_counters(sim, monkeypatch):
     torch_keys = torch_memory_stats_keys(monkeypatch)
     # The native allocator's oversize figures have no counterpart in gpumem's core.
     native_only = {"max_split_size"} | {
@@ -194,7 +194,8 @@ def test_stats_keys_are_torchs_memory_stats_keys_plus_num_cache_releases(sim, mo
         for what in ("allocations", "segments")
         for metric in ("current", "peak", "allocated", "freed")
     }
-    assert set(sim.stats(0)) == (torch_keys - native_only) | {"num_cache_releases"}
+    gpumem_only = {"num_cache_releases", "num_ooms_over_limit", "num_ooms_device_full", "num_ooms_fragmentation"}
+    assert set(sim.stats(0)) == (torch_keys - native_only) | gpumem_only
 
 
 def test_stats_values_are_ints(sim):

@@ -1,0 +1,227 @@
+"""Prometheus metrics of gpumem's devices: `gpumem.serve_metrics(port)` and GPUMEM_METRICS_PORT.
+
+    server = gpumem.serve_metrics(9400)          # http://127.0.0.1:9400/metrics
+    registry.register(gpumem.metrics.Collector())  # or into a registry of one's own
+
+Needs prometheus_client (`pip install prometheus_client`, or the extra `gpumem[metrics]`); without
+it serve_metrics and Collector raise MetricsUnavailable, an ImportError that says so. The figures
+are read at each scrape, per device in use: reserved and the limit without the allocator's lock,
+the rest from one copy of the statistics; every sample carries the labels device, pid and job
+(GPUMEM_JOB, else the program's name). A device nobody has used yet is not reported: asking it
+would start CUDA. The metrics and their meanings are listed in docs/monitoring.md (METRICS below).
+
+GPUMEM_METRICS_PORT (see serve_for_environment) is a base port: each process serves on
+127.0.0.1:(base + LOCAL_RANK), LOCAL_RANK 0 when unset, so the ranks of a torchrun job on one node
+take consecutive ports. gpumem._monitoring opens it when the process first initializes CUDA, so a
+launcher (torchrun itself) and DataLoader workers, which never do, hold no port. What stops it (the port in use,
+prometheus_client missing) is one line on stderr, and the program goes on: the cap matters more
+than the metrics.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Mapping, Optional, Sequence
+
+from gpumem import _C
+
+JOB_VARIABLE = "GPUMEM_JOB"
+RANK_VARIABLE = "LOCAL_RANK"
+PORT_FORMS = "a port number in 1..65535 (each process serves on it plus LOCAL_RANK)"
+OOM_CASES = {  # the label `case` of gpumem_ooms_total -> the statistic that counts it
+    "over_limit": "num_ooms_over_limit",
+    "device_full": "num_ooms_device_full",
+    "fragmentation": "num_ooms_fragmentation",
+}
+_LABELS = ("device", "pid", "job")
+_MAX_LABEL = 128
+_INSTALL = "pip install prometheus_client (or pip install 'gpumem[metrics]')"
+
+# (name, kind, help, extra label). The values are read in Collector._device_samples.
+METRICS = (
+    ("gpumem_allocated_bytes", "gauge", "Bytes in blocks handed out to PyTorch (torch.cuda.memory_allocated).", None),
+    ("gpumem_allocated_peak_bytes", "gauge", "The most allocated since the start or the last peak reset.", None),
+    ("gpumem_reserved_bytes", "gauge",
+     "Bytes gpumem holds from the device, counted against the limit (torch.cuda.memory_reserved).", None),
+    ("gpumem_reserved_peak_bytes", "gauge", "The most reserved since the start or the last peak reset.", None),
+    ("gpumem_limit_bytes", "gauge", "The cap on reserved bytes.", None),
+    ("gpumem_free_under_limit_bytes", "gauge",
+     "Bytes gpumem may still reserve before the limit refuses: limit - reserved, 0 above a lowered limit.", None),
+    ("gpumem_outside_bytes", "gauge",
+     "Device memory in use that gpumem did not reserve (other processes, CUDA contexts, other allocators): "
+     "device total - device free - reserved, from cudaMemGetInfo.", None),
+    ("gpumem_ooms", "counter", "Requests gpumem refused with out-of-memory, by case.", "case"),
+    ("gpumem_alloc_retries", "counter", "Requests that released cached memory and tried again.", None),
+    ("gpumem_cache_releases", "counter", "Times cached memory was given back to the device.", None),
+    ("gpumem_pressure_crossings", "counter",
+     "Times reserved passed a watched share of the limit (gpumem.on_pressure, GPUMEM_WARN_AT).", "share"),
+)
+
+
+class MetricsUnavailable(ImportError):
+    """prometheus_client cannot be imported."""
+
+
+def _prometheus():
+    try:
+        import prometheus_client
+        import prometheus_client.core
+    except ImportError as error:
+        raise MetricsUnavailable(
+            f"gpumem: metrics need the prometheus_client package, which cannot be imported ({error}): {_INSTALL}"
+        ) from None
+    return prometheus_client
+
+
+def job_name(environ: Mapping[str, str] = os.environ, argv: Optional[Sequence[str]] = None) -> str:
+    """The label `job`: GPUMEM_JOB, else the program's name (basename of sys.argv[0])."""
+    job = environ.get(JOB_VARIABLE, "").strip()
+    if not job:
+        argv = sys.argv if argv is None else argv
+        job = os.path.basename(argv[0]) if argv else ""
+        job = "python" if job in ("", "-c", "-") else job
+    return job[:_MAX_LABEL]
+
+
+class Collector:
+    """A prometheus_client collector that reads gpumem's figures at every scrape.
+
+    `source`: None for the process's allocator (gpumem._C), or anything with its
+    existing_devices(), device_figures(device) and pressure_crossings(), such as a SimAllocator.
+    """
+
+    def __init__(self, source=None, job: Optional[str] = None):
+        self._core = _prometheus().core
+        self._source = source
+        self._job = job_name() if job is None else str(job)[:_MAX_LABEL]
+
+    def describe(self):
+        return list(self._families().values())
+
+    def collect(self):
+        source = self._source if self._source is not None else _C
+        families = self._families()
+        labels = [str(os.getpid()), self._job]
+        for device in source.existing_devices():
+            for name, value, extra in _device_samples(source.device_figures(device)):
+                families[name].add_metric([str(device), *labels, *extra], value)
+        for device, share, crossings, _, _ in source.pressure_crossings():
+            families["gpumem_pressure_crossings"].add_metric([str(device), *labels, f"{share:g}"], crossings)
+        return list(families.values())
+
+    def _families(self) -> dict:
+        kinds = {"gauge": self._core.GaugeMetricFamily, "counter": self._core.CounterMetricFamily}
+        return {name: kinds[kind](name, text, labels=[*_LABELS, *([extra] if extra else [])])
+                for name, kind, text, extra in METRICS}
+
+
+def _device_samples(figures: dict):
+    """(metric, value, extra label values) of one device's figures."""
+    stats, reserved, limit = figures["stats"], figures["reserved"], figures["limit"]
+    yield "gpumem_allocated_bytes", stats["allocated_bytes.all.current"], ()
+    yield "gpumem_allocated_peak_bytes", stats["allocated_bytes.all.peak"], ()
+    yield "gpumem_reserved_bytes", reserved, ()
+    yield "gpumem_reserved_peak_bytes", stats["reserved_bytes.all.peak"], ()
+    yield "gpumem_limit_bytes", limit, ()
+    yield "gpumem_free_under_limit_bytes", max(limit - reserved, 0), ()
+    if figures["device_free"] is not None:
+        used = figures["device_total"] - figures["device_free"]
+        yield "gpumem_outside_bytes", max(used - reserved, 0), ()
+    for case, stat in OOM_CASES.items():
+        yield "gpumem_ooms", stats[stat], (case,)
+    yield "gpumem_alloc_retries", stats["num_alloc_retries"], ()
+    yield "gpumem_cache_releases", stats["num_cache_releases"], ()
+
+
+class MetricsServer:
+    """An endpoint serve_metrics opened: `addr`, `port` (the one bound, for a port of 0), `close()`."""
+
+    def __init__(self, server, thread, addr: str):
+        self._server, self._thread = server, thread
+        self.addr, self.port = addr, server.server_port
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def __enter__(self) -> "MetricsServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<gpumem MetricsServer http://{self.addr}:{self.port}/metrics>"
+
+
+def serve_metrics(port: int, addr: str = "127.0.0.1") -> MetricsServer:
+    """Serves gpumem's metrics at http://addr:port/metrics from a daemon thread, and returns the server.
+
+    `port` is in 0..65535 (0: any free port; read the returned server's .port). `addr` 127.0.0.1 keeps
+    the endpoint on the machine; "0.0.0.0" opens it to the network. Starts no CUDA. Raises
+    MetricsUnavailable (an ImportError) without prometheus_client, TypeError or ValueError for a bad
+    port or address, and OSError naming the address when it cannot be bound (a port in use).
+    """
+    port, addr = _checked_port(port), _checked_addr(addr)
+    client = _prometheus()
+    registry = client.CollectorRegistry(auto_describe=False)
+    registry.register(Collector())
+    try:
+        server, thread = client.start_http_server(port, addr=addr, registry=registry)
+    except OSError as error:
+        refused = OSError(f"gpumem: cannot serve metrics on {addr}:{port}: {error.strerror or error}; another "
+                          "process (another rank?) may hold the port: pick another")
+        refused.errno = error.errno  # errno.EADDRINUSE for a port in use
+        raise refused from None
+    if hasattr(os, "register_at_fork"):
+        # A forked child (a DataLoader worker) has no serving thread: it lets go of the port.
+        os.register_at_fork(after_in_child=server.socket.close)
+    return MetricsServer(server, thread, addr)
+
+
+def port_of_text(text: str) -> int:
+    """GPUMEM_METRICS_PORT's base port; ValueError for anything but a number in 1..65535."""
+    text = text.strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= 5 and 1 <= int(text) <= 65535):
+        raise ValueError(f"bad port; give {PORT_FORMS}")
+    return int(text)
+
+
+def serve_for_environment(base: int, environ: Mapping[str, str] = os.environ) -> Optional[MetricsServer]:
+    """GPUMEM_METRICS_PORT's endpoint: 127.0.0.1:(base + LOCAL_RANK). Never raises: what stops it is
+    one line on stderr, and None."""
+    try:
+        port = base + _local_rank(environ)
+        if port > 65535:
+            raise ValueError(f"port {port} is above 65535")
+        return serve_metrics(port)
+    except Exception as error:  # noqa: BLE001: the metrics must never stop the program
+        reason = str(error).removeprefix("gpumem: ")
+        sys.stderr.write(f"gpumem: GPUMEM_METRICS_PORT={base}: no metrics are served ({reason}); "
+                         "the program goes on without them.\n")
+        return None
+
+
+def _local_rank(environ: Mapping[str, str]) -> int:
+    text = environ.get(RANK_VARIABLE)
+    if text is None:
+        return 0
+    if not (text.strip().isascii() and text.strip().isdigit() and len(text) <= 5):
+        raise ValueError(f"{RANK_VARIABLE}={text[:20]!r} is not a number of 0 or more")
+    return int(text)
+
+
+def _checked_port(port: object) -> int:
+    if isinstance(port, bool) or not isinstance(port, int):
+        raise TypeError(f"gpumem: metrics port {port!r} ({type(port).__name__}) is not an int; give 0..65535")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"gpumem: bad metrics port {port}: give 0..65535 (0: any free port)")
+    return port
+
+
+def _checked_addr(addr: object) -> str:
+    if not isinstance(addr, str) or not addr or len(addr) > 255:
+        raise TypeError(f"gpumem: metrics address {addr!r:.80} is not a host name or IP address; give e.g. "
+                        "'127.0.0.1' or '0.0.0.0'")
+    return addr
