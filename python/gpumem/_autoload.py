@@ -54,20 +54,14 @@ def install() -> None:
     if _is_the_gpumem_command():
         state = "skipped: the gpumem command"
         return
-<<<<<<< HEAD
     try:
         _env.resolve_limit(text)
         _env.segments()
         _env.mem_info_view()
+        _env.warn_at()  # see gpumem._monitoring
+        _env.metrics_port()
     except _env.SettingError as error:
         _stop_for(error)
-=======
-    _stop_if_bad(text, _syntax_error(text))
-    _stop_if_bad_setting(_env.SEGMENTS_VARIABLE, _env.segments)
-    _stop_if_bad_setting(_env.MEM_INFO_VARIABLE, _env.mem_info_view)
-    _stop_if_bad_setting(_env.WARN_AT_VARIABLE, _env.warn_at)  # see gpumem._monitoring
-    _stop_if_bad_setting(_env.METRICS_PORT_VARIABLE, _env.metrics_port)
->>>>>>> wt-c
     try:
         _api.enable()
     except Exception as error:  # noqa: BLE001: whatever it is, the program must not run uncapped
