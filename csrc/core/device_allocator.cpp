@@ -576,6 +576,13 @@ std::optional<std::pair<std::uintptr_t, std::size_t>> DeviceAllocator::segment_o
   return stretch;
 }
 
+bool DeviceAllocator::heads_a_split(const Block* block) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const bool starts = block->prev == nullptr || !block->prev->mapped;
+  // Free mapped neighbours always merge, so a cached block right behind is the rest of a split.
+  return starts && block->next != nullptr && block->next->is_cached();
+}
+
 // ---- invariants ----
 
 void DeviceAllocator::check_invariants() const {

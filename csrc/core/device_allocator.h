@@ -134,6 +134,9 @@ class DeviceAllocator {
   std::vector<SegmentInfo> snapshot() const;
   // The segment start and size holding `ptr`, if any.
   std::optional<std::pair<std::uintptr_t, std::size_t>> segment_of(const void* ptr) const;
+  // Whether `block` (allocated) starts its segment, or a mapped stretch of a growable one, and was
+  // split off the front of a larger free block: cached free memory follows it.
+  bool heads_a_split(const Block* block) const;
 
   // Private pools (CUDA graphs, MemPools; core/private_pools.cpp). While a pool is the allocation
   // target for streams the filter accepts, requests on those streams come from that pool and

@@ -135,6 +135,9 @@ Block* TorchAllocator::malloc_recorded(int device, size_t size, StreamId stream,
   }
   const PoolId pool = block->segment->pool->id;
   if (!raw && !pool.is_default()) pool_blocks_.add(device, block);
+  // As native, where a segment's stack rides on the block heading it and a block split off the
+  // front starts without one: once its head is split for a request, a segment shows no stack.
+  if (block->segment->owner->heads_a_split(block)) history_.forget(History::kSegments, device, block->addr);
   history_.remember(History::kBlocks, device, block->addr, context);
   record(History::Action::ALLOC, device, block->ptr(), size, block->stream, pool, std::move(context));
   return block;
