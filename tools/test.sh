@@ -33,6 +33,12 @@ suite() {  # suite NAME COMMAND...
 ctest_build() {  # ctest_build DIR CMAKE_ARGS...
   local dir=$1
   shift
+  # CTest's discovery reads test names as a CMake list, in which [ and ] group: one in a name
+  # merges every test after it into one that runs none of them.
+  if grep -rnE 'TEST_CASE\("[^"]*[][]' tests/cpp tests/cpp_torch; then
+    echo "test names must not contain [ or ]: CTest would merge the tests after them into one"
+    return 1
+  fi
   cmake -S . -B "$dir" -G Ninja -DGPUMEM_BENCHMARKS=OFF "$@" >"$dir.configure.log" 2>&1 ||
     { cat "$dir.configure.log"; return 1; }
   ninja -C "$dir" -j "$JOBS" >"$dir.build.log" 2>&1 || { tail -n 60 "$dir.build.log"; return 1; }

@@ -138,7 +138,7 @@ TEST_CASE("the marks of the largest limit do not overflow", "[pressure]") {
   REQUIRE(crossings(w) == 1);
 }
 
-TEST_CASE("shares outside (0, 1] are refused", "[pressure]") {
+TEST_CASE("shares of 0 or less and above 1 are refused", "[pressure]") {
   PressureWatches w;
   for (double share : {0.0, -0.5, 1.0001, std::nan("")}) {
     INFO(share);
