@@ -12,8 +12,9 @@ program can allocate CUDA memory. `state` says what it did, for tests and for pe
 A GPUMEM_LIMIT whose syntax is bad stops the program with exit status 2 and one line on stderr,
 `gpumem: bad GPUMEM_LIMIT "4XB": ...`, rather than let it run without the cap. So does a bad
 GPUMEM_SEGMENTS (`gpumem: bad GPUMEM_SEGMENTS "fast": ...`). GPUMEM_SEGMENTS alone does not
-install gpumem: it says which segments gpumem uses once something installs it. A bad GPUMEM_WARN_AT
-or GPUMEM_METRICS_PORT stops the program the same way (see docs/monitoring.md).
+install gpumem: it says which segments gpumem uses once something installs it. A bad GPUMEM_WARN_AT,
+GPUMEM_METRICS_PORT, GPUMEM_PUBLISH or GPUMEM_RUN_DIR stops the program the same way (see
+docs/monitoring.md).
 
 Installing touches no CUDA, as `import torch` does not: CUDA_VISIBLE_DEVICES set after the import
 still applies, and a child forked before CUDA is used can use it. What GPUMEM_LIMIT means on the
@@ -60,6 +61,7 @@ def install() -> None:
         _env.mem_info_view()
         _env.warn_at()  # see gpumem._monitoring
         _env.metrics_port()
+        _env.publish_dir()
     except _env.SettingError as error:
         _stop_for(error)
     try:

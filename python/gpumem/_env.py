@@ -5,6 +5,8 @@
     GPUMEM_MEM_INFO  what torch.cuda.mem_get_info reports: "capped" (the default) or "device"
     GPUMEM_WARN_AT   a warning each time reserved passes this share of the limit (gpumem.pressure)
     GPUMEM_METRICS_PORT  Prometheus metrics on this port plus LOCAL_RANK (gpumem.metrics)
+    GPUMEM_PUBLISH   "0": no figures published for `gpumem top` (default "1"; gpumem.publish)
+    GPUMEM_RUN_DIR   where they are published, and read (default /tmp/gpumem-<uid>)
 
 Installing touches no CUDA: the syntax is checked then (`limit_text`), and what depends on the
 devices (a percentage, a device number, a size above a device's memory) when the devices are first
@@ -15,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional, Sequence
 
-from gpumem import _C, _limits, _segments, _torch_hooks, metrics, pressure
+from gpumem import _C, _limits, _segments, _torch_hooks, metrics, pressure, publish
 from gpumem._words import bounded, shown
 
 VARIABLE = "GPUMEM_LIMIT"
@@ -23,6 +25,10 @@ SEGMENTS_VARIABLE = "GPUMEM_SEGMENTS"
 MEM_INFO_VARIABLE = "GPUMEM_MEM_INFO"
 WARN_AT_VARIABLE = "GPUMEM_WARN_AT"
 METRICS_PORT_VARIABLE = "GPUMEM_METRICS_PORT"
+PUBLISH_VARIABLE = "GPUMEM_PUBLISH"
+RUN_DIR_VARIABLE = "GPUMEM_RUN_DIR"
+_PUBLISH_FORMS = '"1" (publish, the default) or "0" (do not)'
+_RUN_DIR_FORMS = "an absolute path of a directory"
 
 
 class SettingError(ValueError):
@@ -78,6 +84,33 @@ def warn_at(environ: Mapping[str, str] = os.environ) -> Optional[float]:
 def metrics_port(environ: Mapping[str, str] = os.environ) -> Optional[int]:
     """GPUMEM_METRICS_PORT's base port; None when unset. A bad value raises as segments() does."""
     return _setting(environ, METRICS_PORT_VARIABLE, metrics.port_of_text, metrics.PORT_FORMS)
+
+
+def publish_dir(environ: Mapping[str, str] = os.environ) -> Optional[publish.RunDir]:
+    """Where the process publishes its figures for `gpumem top`; None with GPUMEM_PUBLISH=0. A bad
+    GPUMEM_PUBLISH or GPUMEM_RUN_DIR raises as segments() does."""
+    on = _setting(environ, PUBLISH_VARIABLE, _publish_of_text, _PUBLISH_FORMS)
+    where = run_dir(environ)
+    return None if on is False else where
+
+
+def run_dir(environ: Mapping[str, str] = os.environ) -> publish.RunDir:
+    """GPUMEM_RUN_DIR, else the default run directory. A bad value raises as segments() does."""
+    path = _setting(environ, RUN_DIR_VARIABLE, _run_dir_of_text, _RUN_DIR_FORMS)
+    return publish.default_run_dir() if path is None else publish.RunDir(path, chosen=True)
+
+
+def _publish_of_text(text: str) -> bool:
+    if text.strip() not in ("0", "1"):
+        raise ValueError(text)
+    return text.strip() == "1"
+
+
+def _run_dir_of_text(text: str) -> str:
+    # Relative, it would name another directory in each working directory.
+    if not os.path.isabs(text) or "\0" in text or len(text) > 4096:
+        raise ValueError(text)
+    return os.path.normpath(text)
 
 
 def _setting(environ: Mapping[str, str], variable: str, parse, forms: str):

@@ -1,10 +1,12 @@
-"""GPUMEM_WARN_AT and GPUMEM_METRICS_PORT, started when gpumem is installed (gpumem._api).
+"""GPUMEM_WARN_AT, GPUMEM_METRICS_PORT and the figures for `gpumem top` (GPUMEM_PUBLISH), started
+when gpumem is installed (gpumem._api).
 
 GPUMEM_WARN_AT's watch is set at once (it starts no CUDA). GPUMEM_METRICS_PORT's endpoint opens
 when torch first initializes CUDA (torch.cuda._lazy_call; at once if it already has): a process that
 never uses CUDA has nothing to report and holds no port, so a launcher such as torchrun does not
 take the port its rank 0 needs, nor do DataLoader workers that of their parent. LOCAL_RANK is read
-then, so a worker started by torch.multiprocessing may still set it first.
+then, so a worker started by torch.multiprocessing may still set it first. Publishing starts then
+too (gpumem.publish), for the same reasons.
 """
 from __future__ import annotations
 
@@ -12,15 +14,21 @@ from typing import Callable, Optional
 
 import torch
 
-from gpumem import metrics, pressure
+from gpumem import metrics, pressure, publish
 
 
-def start(warn_at: Optional[float], metrics_port: Optional[int]) -> None:
-    """Both settings as read (and checked) from the environment; None: not set."""
+def start(warn_at: Optional[float], metrics_port: Optional[int], publish_dir: Optional[publish.RunDir] = None) -> None:
+    """The settings as read (and checked) from the environment; None: not set (for publish_dir:
+    GPUMEM_PUBLISH=0)."""
     if warn_at is not None:
         pressure.warn_at(warn_at)
+    at_cuda_start = []
     if metrics_port is not None:
-        when_cuda_starts(lambda: metrics.serve_for_environment(metrics_port))
+        at_cuda_start.append(lambda: metrics.serve_for_environment(metrics_port))
+    if publish_dir is not None:
+        at_cuda_start.append(lambda: publish.start_for_environment(publish_dir))
+    if at_cuda_start:
+        when_cuda_starts(lambda: [call() for call in at_cuda_start])
 
 
 def when_cuda_starts(call: Callable[[], object]) -> None:

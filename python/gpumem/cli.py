@@ -6,14 +6,16 @@
     gpumem replay SNAPSHOT --min-limit           the smallest limit it fits under
     gpumem replay SNAPSHOT                       uncapped: its peaks, and the smallest limit
     gpumem replay ... --segments plain           ... with plain segments (default: growable)
+    gpumem top                                   every process using a GPU, with gpumem's figures
+    gpumem top --watch 2 | --json                ... refreshed every 2 s | as JSON for scripts
 
 Exit status:
   0    success; for replay, the trace fits
   1    a replay does not fit
   2    anything else went wrong: bad arguments, a bad limit, a snapshot that cannot be read or is
        not one, an invalid GPUMEM_LIMIT, GPUMEM_SEGMENTS or GPUMEM_MEM_INFO in `gpumem info`, a
-       --plot that could not be written (the replay's own result is printed all the same), an
-       internal error
+       --plot that could not be written (the replay's own result is printed all the same), for
+       top NVML that cannot be used (nvidia-ml-py missing, no driver), an internal error
   130  interrupted (Ctrl-C)
   141  the output was cut off (the reader of a pipe went away, as in `gpumem info | head -1`)
 `run` becomes the program (exec), so the exit status is the program's own; 127 if it is not
@@ -31,7 +33,7 @@ import signal
 import sys
 from typing import Callable, Iterator, Optional, Sequence
 
-from gpumem import _C, _env, _limits, _segments
+from gpumem import _C, _env, _limits, _segments, pressure
 from gpumem._words import bounded, shown, shown_path
 
 EXIT_DOES_NOT_FIT = 1
@@ -102,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gpumem", description="A byte-level hard cap on PyTorch's CUDA memory.",
         epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
-    verbs = parser.add_subparsers(dest="verb", metavar="{info,run,replay}")
+    verbs = parser.add_subparsers(dest="verb", metavar="{info,run,replay,top}")
 
     info = verbs.add_parser("info", help="devices, limits and the current memory report",
                             description="Shows the visible CUDA devices, the limits GPUMEM_LIMIT sets, "
@@ -142,7 +144,44 @@ def _parser() -> argparse.ArgumentParser:
                              "virtual memory management; 2 MiB pages) or plain (one cudaMalloc per segment)")
     replay.add_argument("--plot", metavar="PNG", help="draw allocated, reserved and the limit over time to this file")
     replay.set_defaults(handler=_replay)
+    _add_top(verbs)
     return parser
+
+
+_TOP_DESCRIPTION = """\
+Every process on this machine that uses a GPU, as NVML (the driver) lists it, one row per process
+and GPU: the GPU (NVML's index: every GPU of the machine), pid, user, job, and USED, the memory
+the driver counts for the process (its CUDA context and every allocator's memory). For processes
+under gpumem, from the figures each one publishes (GPUMEM_PUBLISH, on by default) in the run
+directory: LIMIT (none: no limit), ALLOCATED, RESERVED, PEAK (peak reserved), OOMS (out-of-memory
+errors, all cases; --json has them by case) and CAP, reserved as a share of the limit. A row
+marked ! has reserved --warn-at of its limit or more. Figures files of processes that ended are
+left out and removed.
+
+Run directories: GPUMEM_RUN_DIR if set, else every user's /tmp/gpumem-<uid> (run as root to read
+them all; another user sees the driver's rows of others' processes only).
+
+Containers: NVML names processes by their pid on the host. On the host, with the run directory
+mounted into the containers (and GPUMEM_RUN_DIR set there), a container's gpumem process is
+joined to its host pid (NOTE says its pid inside). Inside a container the driver's rows keep host
+pids that cannot be matched, and the container's own gpumem processes appear as rows of their
+own, noted "not in NVML's list".
+
+Needs nvidia-ml-py (pip install nvidia-ml-py, or gpumem[top]); without it, or without a driver,
+exit status 2. docs/monitoring.md describes the files and the JSON."""
+
+
+def _add_top(verbs) -> None:
+    top = verbs.add_parser("top", help="every process using a GPU, with gpumem's figures (needs nvidia-ml-py)",
+                           description=_TOP_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    top.add_argument("--watch", nargs="?", const=2.0, type=_checked(_seconds), metavar="SECONDS",
+                     help="show it again every SECONDS (default 2) until Ctrl-C (exit status 130)")
+    top.add_argument("--json", action="store_true",
+                     help="one JSON document on one line (one per refresh with --watch)")
+    top.add_argument("--warn-at", type=_checked(_share), metavar="SHARE",
+                     help="mark processes whose reserved has reached this share of their limit, in (0, 1] "
+                          "(default: GPUMEM_WARN_AT, else 0.85)")
+    top.set_defaults(handler=_top)
 
 
 def _checked(parse: Callable[[str], object]) -> Callable[[str], object]:
@@ -181,6 +220,23 @@ def _positive_size(example: str) -> Callable[[str], int]:
             raise ValueError(f"{shown(text)} is not a positive size in bytes (give e.g. {example})")
         return sizes.pop()
     return size
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text) if text.strip().isascii() and len(text) <= 32 else None
+    except ValueError:
+        seconds = None
+    if seconds is None or not 0.1 <= seconds <= 86400:
+        raise ValueError(f"{shown(text)} is not a number of seconds from 0.1 to 86400")
+    return seconds
+
+
+def _share(text: str) -> float:
+    try:
+        return pressure.share_of_text(text)
+    except ValueError:
+        raise ValueError(f"{shown(text)} is not {pressure.SHARE_FORMS}") from None
 
 
 def _device(text: str) -> int:
@@ -326,6 +382,19 @@ def _exec_failed(name: str, path: str, error: OSError) -> int:
         reason = error.strerror or str(error)
     print(f"gpumem: error: program {program} cannot be executed: {reason}", file=sys.stderr)
     return EXIT_CANNOT_EXECUTE
+
+
+def _top(args) -> int:
+    from gpumem import _nvml, publish, top
+
+    warn_at = args.warn_at if args.warn_at is not None else _env.warn_at()
+    run_dirs = publish.run_dirs(_env.run_dir())
+    try:
+        with top.open_nvml() as nvml:
+            return top.run(nvml, run_dirs, top.WARN_AT if warn_at is None else warn_at, as_json=args.json,
+                           every=args.watch)
+    except _nvml.NvmlError as error:
+        raise _UsageError(str(error)) from None
 
 
 def _replay(args) -> int:

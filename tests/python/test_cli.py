@@ -45,11 +45,11 @@ def value_of(stdout: str, label: str) -> str:
 def test_help_lists_every_verb_and_the_exit_statuses():
     completed = gpumem("--help")
     assert completed.returncode == 0
-    assert all(verb in completed.stdout for verb in ("info", "run", "replay"))
+    assert all(verb in completed.stdout for verb in ("info", "run", "replay", "top"))
     assert "Exit status" in completed.stdout
 
 
-@pytest.mark.parametrize("verb", ["info", "run", "replay"])
+@pytest.mark.parametrize("verb", ["info", "run", "replay", "top"])
 def test_every_verb_has_help(verb):
     completed = gpumem(verb, "--help")
     assert completed.returncode == 0, completed.stderr

@@ -44,9 +44,11 @@ def test_help_lists_every_exit_status():
     (["run", "--limit", "4GB", "--", sys.executable, "-c", "raise SystemExit(3)"], {}, 3),
     (["run", "--limit", "4GB", "--", "no-such-program-gpumem"], {}, 127),
     (["run", "--limit", "4GB", "--", os.devnull], {}, 126),
+    (["top", "--watch", "0"], {}, 2),
+    (["top"], {"GPUMEM_RUN_DIR": "relative"}, 2),
 ], ids=["info", "fits", "does-not-fit", "no-verb", "unknown-verb", "bad-limit", "missing-snapshot",
         "invalid-snapshot", "info-bad-limit", "info-bad-segments", "run-passes-through", "run-not-found",
-        "run-cannot-execute"])
+        "run-cannot-execute", "top-bad-watch", "top-bad-run-dir"])
 def test_exit_status(args, env, status):
     completed = gpumem(*args, env=env)
     assert completed.returncode == status, completed.stdout + completed.stderr
