@@ -9,8 +9,8 @@ Two sources, joined by pid:
     counts for it (its context and every allocator's memory: gpumem's reserved among them);
   - the files gpumem processes publish (gpumem.publish): per device in use, the limit, allocated,
     reserved, their peaks and the out-of-memory errors by case.
-A published device is matched to NVML's GPU by UUID (by the only GPU NVML lists the pid on, where
-the file has no UUID). A row is marked once reserved has reached `warn_at` of the limit (as the
+A published device is matched to NVML's GPU by UUID (where its UUID names no GPU, as for a MIG
+instance, by the only GPU NVML lists the pid on, if the process has one device). A row is marked once reserved has reached `warn_at` of the limit (as the
 pressure alerts count a crossing); without a limit the share is of the device. Published
 processes that NVML does not list are shown too, flagged.
 
@@ -157,7 +157,7 @@ def _rows(gpus: list, placed: dict, apart: list, warn_at: float, proc: str) -> l
     for gpu in gpus:
         for process in sorted(gpu.processes, key=lambda p: p.pid):
             entry = placed.get(process.pid)
-            device = _device_on(entry, gpu, listed[process.pid]) if entry else None
+            device = _device_on(entry, gpu, gpus, listed[process.pid]) if entry else None
             if device is not None:
                 matched.add((process.pid, device["index"]))
             rows.append(_row(gpu.index, process.pid, entry, device, process.used, True, warn_at, proc))
@@ -170,12 +170,13 @@ def _rows(gpus: list, placed: dict, apart: list, warn_at: float, proc: str) -> l
     return rows
 
 
-def _device_on(entry, gpu, gpus_listing_the_pid: int) -> Optional[dict]:
-    """The entry's device that is this GPU."""
+def _device_on(entry, gpu, gpus: list, gpus_listing_the_pid: int) -> Optional[dict]:
+    """The entry's device that is this GPU: by UUID; else, for a process NVML lists on this GPU
+    alone with one device whose UUID names no GPU (none known yet, a MIG instance's), that one."""
     for device in entry.devices:
         if device["uuid"] is not None and _uuid_key(device["uuid"]) == _uuid_key(gpu.uuid):
             return device
-    if gpus_listing_the_pid == 1 and len(entry.devices) == 1 and entry.devices[0]["uuid"] is None:
+    if gpus_listing_the_pid == 1 and len(entry.devices) == 1 and _gpu_of(entry.devices[0], gpus) is None:
         return entry.devices[0]
     return None
 

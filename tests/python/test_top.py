@@ -164,6 +164,17 @@ def test_a_device_is_matched_to_its_gpu_by_uuid(run_dir, monkeypatch, capsys):
     assert by_gpu[1]["gpumem"]["reserved_bytes"] == GiB
 
 
+@pytest.mark.parametrize("uuid", [None, "MIG-7a7a7a7a-1111-2222-3333-444455556666"], ids=["unknown", "mig"])
+def test_a_device_whose_uuid_names_no_gpu_is_matched_by_the_one_gpu_nvml_lists_the_pid_on(
+        run_dir, monkeypatch, capsys, uuid):
+    published(run_dir, reserved=1 * GiB, uuid=uuid)
+    pid = os.getpid()
+    document = json_of(run_dir, gpu(0, UUID, {4001: GiB}), gpu(1, OTHER_UUID, {pid: 2 * GiB}),
+                       monkeypatch=monkeypatch, capsys=capsys)
+    [ours] = [p for p in document["processes"] if p["pid"] == pid]
+    assert ours["gpu"] == 1 and ours["in_nvml"] and ours["gpumem"]["reserved_bytes"] == GiB
+
+
 def test_a_process_past_the_share_of_its_cap_is_marked(run_dir, monkeypatch, capsys, sleeper):
     published(run_dir, reserved=1800 * MiB, limit=2 * GiB)  # 88%
     published(run_dir, reserved=1 * GiB, limit=2 * GiB, pid=sleeper)
