@@ -10,9 +10,10 @@ Two sources, joined by pid:
   - the files gpumem processes publish (gpumem.publish): per device in use, the limit, allocated,
     reserved, their peaks and the out-of-memory errors by case.
 A published device is matched to NVML's GPU by UUID (where its UUID names no GPU, as for a MIG
-instance, by the only GPU NVML lists the pid on, if the process has one device). A row is marked once reserved has reached `warn_at` of the limit (as the
-pressure alerts count a crossing); without a limit the share is of the device. Published
-processes that NVML does not list are shown too, flagged.
+instance, by the only GPU NVML lists the pid on, if the process has one device). A row is marked
+once reserved has reached `warn_at` of the limit (as the pressure alerts count a crossing);
+without a limit the share is of the device. Published processes that NVML does not list are
+shown too, flagged.
 
 Note [pids across namespaces]
   NVML gives each process's pid in the host's pid namespace; a process in a container knows itself

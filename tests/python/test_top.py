@@ -148,7 +148,8 @@ def test_the_table_shows_the_joined_figures_in_their_columns(run_dir, monkeypatc
     published(run_dir, reserved=1 * GiB, limit=2 * GiB, job="bert")
     lines = table_of(run_dir, gpu(0, processes={os.getpid(): 1280 * MiB}), monkeypatch=monkeypatch, capsys=capsys)
     header = next(line for line in lines if "RESERVED" in line).split()
-    assert header == ["GPU", "PID", "USER", "JOB", "USED", "LIMIT", "ALLOCATED", "RESERVED", "PEAK", "OOMS", "CAP", "NOTE"]
+    assert header == ["GPU", "PID", "USER", "JOB", "USED", "LIMIT", "ALLOCATED", "RESERVED", "PEAK", "OOMS", "CAP",
+                      "NOTE"]
     cells = row_of(lines, os.getpid()).split()
     assert cells[:2] == ["0", str(os.getpid())]
     assert cells[3:] == ["bert", "1.25", "GiB", "2.00", "GiB", "1.00", "GiB", "1.00", "GiB", "1.00", "GiB", "0", "50%"]
