@@ -91,7 +91,9 @@ py::dict device_figures(DeviceAllocator& device) {
     reserved = device.reserved();
     limit = device.limit();
     stats = device.stats();
-    quietly([&] { mem = device.device_mem_info(); });
+    // Asking the driver makes a CUDA context on a device that has none (one set_limit configured
+    // but the program never used): only a device that holds memory, and so has one, is asked.
+    if (reserved > 0) quietly([&] { mem = device.device_mem_info(); });
   }
   py::object free = mem ? py::cast(mem->free) : py::none();
   py::object total = mem ? py::cast(mem->total) : py::none();

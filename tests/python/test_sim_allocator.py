@@ -348,3 +348,15 @@ def test_frees_above_a_lowered_limit_give_memory_back_until_reserved_is_under_it
     assert sim.reserved(0) <= 100 * MiB
     sim.malloc(0, 50 * MiB)
     assert sim.ledger(0)["in_use"] == sim.reserved(0) <= 100 * MiB
+
+
+def test_device_figures_ask_the_driver_only_for_a_device_that_holds_memory():
+    # On CUDA, asking a device that holds nothing could make a context the program never made.
+    sim = _C.SimAllocator(1 * GiB)
+    sim.set_limit(0, "512MB")
+    assert sim.device_figures(0)["device_free"] is None
+    addr = sim.malloc(0, MiB)
+    figures = sim.device_figures(0)
+    assert figures["device_free"] == 1 * GiB - figures["reserved"]
+    assert figures["device_total"] == 1 * GiB
+    sim.free(addr)
