@@ -285,11 +285,12 @@ void DeviceAllocator::free_block(Block* block) {
     increase_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(merge.block->size));
   }
   blocks.insert(merge.block);
+  // Usually neither holds, and the free ends here.
   const bool over_limit = cap_.reserved() > cap_.limit() && pool_targets_.empty();
   if (!over_limit && release_threshold_ == 0.0) return;
   // Something became releasable: a whole plain segment, or a free page of a growable one.
   if (!merge.block->segment->is_unused() && !holds_free_page(merge.block)) return;
-  if (over_limit) give_back_over_limit();
+  if (over_limit) release_oldest_until(cap_.limit());  // Note [reserved above a lowered limit]
   if (release_threshold_ > 0.0) apply_release_threshold();
 }
 

@@ -115,6 +115,30 @@ inline std::size_t reserved_in_snapshot(const std::vector<SegmentInfo>& snapshot
   return bytes;
 }
 
+// The sequence of Note [reserved above a lowered limit], for a plain or a growable simulated
+// device (any fixture with malloc, free, alloc and ledger): 8 x 100 MiB under 1 GB, the limit
+// lowered to 100 MB while all are alive, then every one freed, each free giving memory back, and
+// 50 MiB allocated under the lowered limit.
+template <class S>
+void free_everything_above_a_lowered_limit(S& sim) {
+  std::vector<Block*> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(sim.malloc(100 * MiB));
+  const std::size_t limit = 100 * 1000 * 1000;
+  sim.alloc.set_limit(std::optional<std::size_t>(limit));
+  REQUIRE(sim.ledger().in_use == 800 * MiB);  // all alive: nothing to release yet
+
+  std::size_t before = sim.ledger().in_use;
+  for (Block* b : blocks) {
+    sim.free(b);
+    REQUIRE(sim.ledger().in_use < before);  // each free gave its memory back
+    before = sim.ledger().in_use;
+  }
+  REQUIRE(sim.ledger().in_use <= limit);
+  REQUIRE(sim.alloc.reserved() == sim.ledger().in_use);
+  sim.malloc(50 * MiB);
+  REQUIRE(sim.ledger().in_use <= limit);
+}
+
 }  // namespace gpumem_test
 
 namespace Catch {
