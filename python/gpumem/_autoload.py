@@ -57,11 +57,8 @@ def install() -> None:
         return
     try:
         _env.resolve_limit(text)
-        _env.segments()
-        _env.mem_info_view()
-        _env.warn_at()  # see gpumem._monitoring
-        _env.metrics_port()
-        _env.publish_dir()
+        for _, read in _env.SETTINGS:
+            read()
     except _env.SettingError as error:
         _stop_for(error)
     try:

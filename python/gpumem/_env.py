@@ -122,3 +122,13 @@ def _setting(environ: Mapping[str, str], variable: str, parse, forms: str):
     except ValueError:
         raise SettingError(variable, text, f"give {forms}") from None
 
+
+# The settings besides GPUMEM_LIMIT, each with the reader that checks it: the hook stops on a bad
+# one and `gpumem info` reports it, from this one list. publish_dir reads GPUMEM_RUN_DIR as well.
+SETTINGS = (
+    (SEGMENTS_VARIABLE, segments),
+    (MEM_INFO_VARIABLE, mem_info_view),
+    (WARN_AT_VARIABLE, warn_at),
+    (METRICS_PORT_VARIABLE, metrics_port),
+    (PUBLISH_VARIABLE, publish_dir),
+)

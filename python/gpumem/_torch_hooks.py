@@ -41,10 +41,6 @@ def set_view(view: str) -> None:
     _view = view_of(view)
 
 
-def get_view() -> str:
-    return _view
-
-
 def install() -> None:
     """Puts the wrappers in place; once, when gpumem is installed (under gpumem._api's lock)."""
     global _original_mem_get_info, _original_set_settings

@@ -253,8 +253,7 @@ def _info(args) -> int:
 
     count = _C.device_count()
     limits = _print_env_limit(count)
-    settings_ok = [_print_env_setting(_env.SEGMENTS_VARIABLE, _env.segments),
-                   _print_env_setting(_env.MEM_INFO_VARIABLE, _env.mem_info_view)]
+    settings_ok = [_print_env_setting(variable, read) for variable, read in _env.SETTINGS]
     if count == 0:
         print("no CUDA device was found")
     for d in range(count):
@@ -291,7 +290,7 @@ def _print_env_setting(variable: str, read: Callable[[], object]) -> bool:
     try:
         read()
     except _env.SettingError as error:
-        print(f"{variable} is invalid: {error.reason}")
+        print(f"{error.variable} is invalid: {error.reason}")
         return False
     return True
 

@@ -52,6 +52,7 @@ from typing import Callable, Optional
 
 from gpumem import _C, _proc, metrics
 from gpumem._words import bounded, shown_path
+from gpumem.snapshot_file import read_at_most
 
 FORMAT = 1
 PUBLISH_SECONDS = 1.0
@@ -360,24 +361,13 @@ def _read_entry(path: str, pid: int) -> Entry:
         info = os.fstat(descriptor)
         if not stat.S_ISREG(info.st_mode):
             raise ValueError("not a regular file")
-        data = _read_at_most(descriptor, MAX_FILE_BYTES + 1)
+        data = read_at_most(descriptor, MAX_FILE_BYTES + 1)
     finally:
         os.close(descriptor)
     if len(data) > MAX_FILE_BYTES:
         raise ValueError(f"larger than {MAX_FILE_BYTES} bytes: not a gpumem figures file")
     fields = _checked(json.loads(data), pid)
     return Entry(path=path, uid=info.st_uid, mtime=info.st_mtime, file_id=(info.st_ino, info.st_mtime_ns), **fields)
-
-
-def _read_at_most(descriptor: int, limit: int) -> bytes:
-    parts, size = [], 0
-    while size < limit:
-        part = os.read(descriptor, limit - size)
-        if not part:
-            break
-        parts.append(part)
-        size += len(part)
-    return b"".join(parts)
 
 
 def _checked(data: object, pid: int) -> dict:

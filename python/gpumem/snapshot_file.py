@@ -62,7 +62,7 @@ ACTIONS = frozenset(
 BLOCK_STATES = frozenset({"active_allocated", "active_pending_free", "inactive"})
 DEVICE_TOTALS_KEY = "gpumem_device_totals"
 MAX_DEVICES = 1024
-MAX_BYTES = 1 << 62  # the most memory the simulated device that replays a snapshot accepts
+MAX_BYTES = 1 << 62  # sizes and totals in a file; replay's simulated device takes at most _C.SIM_MAX_CAPACITY
 
 _ALLOC_OR_FREE = frozenset({"alloc", "free_requested", "free_completed"})
 _RECORD_HINT = (
@@ -164,10 +164,10 @@ def _read(name: str) -> bytes:
     fd = _open(name)
     try:
         size = _regular_size(fd, name)
-        header = _read_at_most(fd, _HEADER)
+        header = read_at_most(fd, _HEADER)
         _check_header(header, name)
         # At most the size fstat gave: a file that grows while it is read adds nothing.
-        return header + _read_at_most(fd, size - len(header))
+        return header + read_at_most(fd, size - len(header))
     except OSError as error:
         raise SnapshotError(f"{name}: cannot be read ({error.strerror or error})") from None
     finally:
@@ -194,7 +194,8 @@ def _regular_size(fd: int, name: str) -> int:
     return info.st_size
 
 
-def _read_at_most(fd: int, count: int) -> bytes:
+def read_at_most(fd: int, count: int) -> bytes:
+    """Up to `count` bytes from `fd`, fewer at its end, in chunks: a bound on what one read can cost."""
     chunks = []
     while count > 0:
         chunk = os.read(fd, min(count, _CHUNK))
