@@ -1,6 +1,7 @@
 #include "backends/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <iterator>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "backends/cuda_driver.h"
+#include "backends/nvml.h"
 #include "core/errors.h"
 
 namespace gpumem {
@@ -200,6 +202,25 @@ std::size_t CudaBackend::total_memory(int device) {
     total = prop.totalGlobalMem;
   }
   return *total;
+}
+
+// NVML names GPUs by PCI bus id (CUDA_VISIBLE_DEVICES does not apply to it). The process is listed
+// only once it has a context on the device, so the context is made first: the memory is about to
+// be allocated anyway, and the context is part of what the figure must count.
+std::optional<std::size_t> CudaBackend::process_used(int device) {
+  std::string bus_id;
+  try {
+    check_device(device);
+    DeviceScope scope(device);
+    RelaxedCaptureMode relaxed;
+    if (cudaFree(nullptr) != cudaSuccess) return std::nullopt;
+    char text[64] = {};
+    if (cudaDeviceGetPCIBusId(text, sizeof text, device) != cudaSuccess) return std::nullopt;
+    bus_id = text;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  return nvml_process_memory(bus_id.c_str(), static_cast<unsigned>(getpid()));
 }
 
 void* CudaBackend::reserve(int device, std::size_t bytes) {

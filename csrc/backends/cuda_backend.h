@@ -21,6 +21,8 @@ class CudaBackend : public Backend {
   void release(int device, void* ptr, std::size_t bytes) override;
   MemInfo mem_info(int device) override;
   std::size_t total_memory(int device) override;
+  // NVML's per-process figure (backends/nvml.h) for this pid.
+  std::optional<std::size_t> process_used(int device) override;
   EventId record_event(int device, StreamId stream) override;
   bool event_done(int device, EventId event) override;
   void destroy_event(int device, EventId event) override;

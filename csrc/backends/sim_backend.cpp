@@ -127,7 +127,7 @@ void SimBackend::add_in_use(Device& d, std::size_t bytes) {
 void* SimBackend::reserve(int device, std::size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   Device& d = device_locked(device);
-  if (bytes > capacity_ - d.ledger.in_use || should_fail(device, bytes)) {
+  if (bytes > free_of(d) || should_fail(device, bytes)) {
     ++d.ledger.refusals;
     return nullptr;
   }
@@ -160,7 +160,37 @@ void SimBackend::release(int device, void* ptr, std::size_t bytes) {
 MemInfo SimBackend::mem_info(int device) {
   std::lock_guard<std::mutex> lock(mutex_);
   const Device& d = device_locked(device);
-  return MemInfo{capacity_ - d.ledger.in_use, capacity_};
+  return MemInfo{free_of(d), capacity_};
+}
+
+std::size_t SimBackend::free_of(const Device& d) const {
+  return capacity_ - d.ledger.in_use - d.outside - d.others;
+}
+
+std::optional<std::size_t> SimBackend::process_used(int device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Device& d = device_locked(device);
+  if (!process_accounting_) return std::nullopt;
+  return d.ledger.in_use + d.outside;
+}
+
+void SimBackend::set_use_outside(int device, std::size_t process, std::size_t others) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Device& d = device_locked(device);
+  const std::size_t room = capacity_ - d.ledger.in_use;
+  if (process > room || others > room - process) {
+    throw std::invalid_argument("gpumem: simulated device " + std::to_string(device) + " cannot hold " +
+                                std::to_string(process) + " bytes for the process and " + std::to_string(others) +
+                                " for others outside the allocator: it has " + std::to_string(room) +
+                                " bytes besides what it handed out");
+  }
+  d.outside = process;
+  d.others = others;
+}
+
+void SimBackend::set_process_accounting(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  process_accounting_ = on;
 }
 
 std::size_t SimBackend::total_memory(int device) {
@@ -292,7 +322,7 @@ bool SimBackend::map(int device, void* ptr, std::size_t bytes) {
   const PageSpan span = pages_of(device, ptr, bytes, "map");
   if (span.mapped() > 0) misuse("map", device, reinterpret_cast<std::uintptr_t>(ptr), bytes, "covers mapped pages");
   Device& d = device_locked(device);
-  if (bytes > capacity_ - d.ledger.in_use || should_fail(device, bytes)) {
+  if (bytes > free_of(d) || should_fail(device, bytes)) {
     ++d.ledger.refusals;
     return false;
   }

@@ -52,6 +52,9 @@ class SimBackend : public Backend {
   void release(int device, void* ptr, std::size_t bytes) override;
   MemInfo mem_info(int device) override;
   std::size_t total_memory(int device) override;
+  // What the process holds on the device: the ledger's in_use plus the bytes set_use_outside
+  // gives it; nullopt while process accounting is off.
+  std::optional<std::size_t> process_used(int device) override;
   EventId record_event(int device, StreamId stream) override;
   bool event_done(int device, EventId event) override;
   void destroy_event(int device, EventId event) override;
@@ -88,6 +91,14 @@ class SimBackend : public Backend {
   // Whether `peer` may access `addr` on `device`: its page is mapped and `peer` was granted (a
   // device always reaches its own pages).
   bool peer_can_access(int device, int peer, std::uintptr_t addr) const;
+
+  // Memory on `device` that is not the allocator's, as a driver would count it: `process` bytes of
+  // this process (a library's buffers) and `others` of other processes. Both are used memory in
+  // mem_info and leave that much less for requests; std::invalid_argument (naming the numbers) if
+  // they do not fit beside what is handed out.
+  void set_use_outside(int device, std::size_t process, std::size_t others = 0);
+  // Whether process_used answers (on by default), as a driver that lists this process.
+  void set_process_accounting(bool on);
 
   // Fault injection. A request (a reserve or a map call) is refused when any of these says so.
   void fail_next(int count);                      // refuse the next `count` requests
@@ -154,6 +165,8 @@ class SimBackend : public Backend {
     std::map<std::uintptr_t, Range> ranges;                // by start address
     std::set<int> peers;                                   // granted by grant_peer
     Ledger ledger;
+    std::size_t outside = 0;  // set_use_outside's: in_use + outside + others <= capacity
+    std::size_t others = 0;
   };
 
   // The device, made on first use; DeviceError for an index outside 0..device_count()-1.
@@ -162,6 +175,7 @@ class SimBackend : public Backend {
   AddressSpace fresh_region(int device, bool ranges) const;
   bool should_fail(int device, std::size_t bytes);
   void add_in_use(Device& d, std::size_t bytes);
+  std::size_t free_of(const Device& d) const;
   // Pages [first, first + count) of one reserved range.
   struct PageSpan {
     Range* range = nullptr;
@@ -188,6 +202,7 @@ class SimBackend : public Backend {
   std::size_t page_ = 0;  // 0: no virtual memory
   bool refuse_addresses_ = false;
   bool refuse_markers_ = false;
+  bool process_accounting_ = true;
   CaptureMarker next_marker_ = 1;
 };
 

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace gpumem {
 
@@ -38,6 +39,11 @@ class Backend {
   // The device's memory in bytes, as mem_info's total, where that can be had more cheaply (CUDA:
   // without making the device's context).
   virtual std::size_t total_memory(int device) { return mem_info(device).total; }
+
+  // What the driver counts for this process on `device`, in bytes (NVML's per-process accounting
+  // in the CUDA backend), or nullopt where that cannot be had: no such accounting, or the driver
+  // does not list this process (a container's own pid namespace). Never throws.
+  virtual std::optional<std::size_t> process_used(int /*device*/) { return std::nullopt; }
 
   // Stream ordering, for reusing a block freed while another stream may still read it.
   virtual EventId record_event(int device, StreamId stream) = 0;

@@ -7,10 +7,18 @@
 //
 // The cap also carries the device's pressure watches (core/pressure.h): every change of reserved
 // and of the limit goes through here, so none can pass them by.
+//
+// Under a limit on the whole process (LimitScope::kProcess) the cap also counts `outside`: what the
+// driver counts for the process on the device beyond the allocator's reserved bytes (the CUDA
+// context, library workspaces, NCCL's buffers). Reserved may then grow only to the budget, limit -
+// outside, and the watches measure reserved + outside against the limit. The device allocator
+// measures outside (Note [a limit on the whole process], core/device_allocator.cpp); under the
+// default scope it stays 0.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 
 #include "core/pressure.h"
 
@@ -20,11 +28,11 @@ class Cap {
  public:
   explicit Cap(std::size_t limit) : limit_(limit) {}
 
-  // Counts `bytes` as reserved if reserved + bytes stays within the limit.
+  // Counts `bytes` as reserved if reserved + bytes stays within the budget.
   bool try_reserve(std::size_t bytes) {
     std::size_t current = reserved_.load(std::memory_order_relaxed);
     do {
-      const std::size_t limit = limit_.load(std::memory_order_relaxed);
+      const std::size_t limit = budget();
       if (current > limit || bytes > limit - current) return false;
     } while (!reserved_.compare_exchange_weak(current, current + bytes, std::memory_order_relaxed));
     return true;
@@ -32,25 +40,44 @@ class Cap {
 
   // The device handed out the memory try_reserve counted. Not told in try_reserve itself: a
   // reservation the device then refuses is rolled back, and must not count as a crossing.
-  void grown() { pressure_.grew(reserved()); }
+  void grown() { pressure_.grew(counted()); }
 
   void unreserve(std::size_t bytes) {
-    pressure_.shrank(reserved_.fetch_sub(bytes, std::memory_order_relaxed) - bytes);
+    reserved_.fetch_sub(bytes, std::memory_order_relaxed);
+    pressure_.shrank(counted());
   }
 
   void set_limit(std::size_t limit) {
     limit_.store(limit, std::memory_order_relaxed);
-    pressure_.set_limit(limit, reserved());
+    pressure_.set_limit(limit, counted());
+  }
+  // What the process holds on the device besides the reserved bytes, as last measured.
+  void set_outside(std::size_t bytes) {
+    const std::size_t before = outside_.exchange(bytes, std::memory_order_relaxed);
+    if (bytes > before) pressure_.grew(counted());
+    if (bytes < before) pressure_.shrank(counted());
   }
   std::size_t limit() const { return limit_.load(std::memory_order_relaxed); }
   std::size_t reserved() const { return reserved_.load(std::memory_order_relaxed); }
+  std::size_t outside() const { return outside_.load(std::memory_order_relaxed); }
+  // What reserved may grow to: the limit less what is outside, 0 if that is more than the limit.
+  std::size_t budget() const {
+    const std::size_t limit = this->limit(), out = outside();
+    return out < limit ? limit - out : 0;
+  }
+  // Reserved and outside, as the limit measures them (saturating: both are at most 2^64 - 1).
+  std::size_t counted() const {
+    const std::size_t r = reserved(), out = outside();
+    return out > SIZE_MAX - r ? SIZE_MAX : r + out;
+  }
 
-  void watch_pressure(int slot, double share) { pressure_.watch(slot, share, limit(), reserved()); }
+  void watch_pressure(int slot, double share) { pressure_.watch(slot, share, limit(), counted()); }
   const PressureWatches& pressure() const { return pressure_; }
 
  private:
   std::atomic<std::size_t> limit_;
   std::atomic<std::size_t> reserved_{0};
+  std::atomic<std::size_t> outside_{0};
   PressureWatches pressure_;
 };
 

@@ -47,6 +47,7 @@ DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorCo
                          std::to_string(device) + "'s total of " + format_bytes(device_total_));
   }
   cap_.set_limit(config.limit.value_or(device_total_));
+  scope_ = config.scope;  // measured at the first growth: the backend is not asked yet
   release_threshold_ = config.release_threshold;
   page_size_ = backend_.page_size(device);
   growable_ = config.growable;
@@ -92,7 +93,8 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
 
   Block* block = try_cached(pool, small, stream, size);
   if (block) return place(block, size, requested);
-  if (!fits_under(allocated_locked(), size, cap_.limit())) throw_oom(requested, size);
+  measure_outside_locked();
+  if (!fits_under(allocated_locked(), size, cap_.budget())) throw_oom(requested, size);
   block = try_new_memory(pool, small, stream, size);
   if (!block && &pool == &default_pool_) block = try_use_on_oom_pools(small, stream, size);
   bool retried = false;
@@ -232,6 +234,8 @@ void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size) {
   info.allocated = allocated_locked();
   info.reserved = cap_.reserved();
   info.limit = cap_.limit();
+  info.process_scope = scope_ == LimitScope::kProcess;
+  info.outside = cap_.outside();
   const MemInfo mem = backend_.mem_info(device_);
   info.device_free = mem.free;
   info.device_total = mem.total;
@@ -239,7 +243,7 @@ void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size) {
   if (device_refused_) {
     info.kind = OomKind::kDeviceFull;
     ++stats_.num_ooms_device_full;
-  } else if (!fits_under(info.allocated, size, info.limit)) {
+  } else if (!fits_under(info.allocated, size, cap_.budget())) {
     info.kind = OomKind::kOverLimit;
     ++stats_.num_ooms_over_limit;
   } else {
@@ -286,17 +290,17 @@ void DeviceAllocator::free_block(Block* block) {
   }
   blocks.insert(merge.block);
   // Usually neither holds, and the free ends here.
-  const bool over_limit = cap_.reserved() > cap_.limit() && pool_targets_.empty();
+  const bool over_limit = cap_.reserved() > cap_.budget() && pool_targets_.empty();
   if (!over_limit && release_threshold_ == 0.0) return;
   // Something became releasable: a whole plain segment, or a free page of a growable one.
   if (!merge.block->segment->is_unused() && !holds_free_page(merge.block)) return;
-  if (over_limit) release_oldest_until(cap_.limit());  // Note [reserved above a lowered limit]
+  if (over_limit) release_oldest_until(cap_.budget());  // Note [reserved above a lowered limit]
   if (release_threshold_ > 0.0) apply_release_threshold();
 }
 
 // See Note [reserved above a lowered limit].
 void DeviceAllocator::give_back_over_limit() {
-  if (cap_.reserved() > cap_.limit() && pool_targets_.empty()) release_oldest_until(cap_.limit());
+  if (cap_.reserved() > cap_.budget() && pool_targets_.empty()) release_oldest_until(cap_.budget());
 }
 
 void DeviceAllocator::record_stream(Block* block, StreamId stream) {
@@ -410,7 +414,7 @@ bool DeviceAllocator::release_all_unused() {
 bool DeviceAllocator::release_for(const Pool& pool, std::size_t size) {
   const std::size_t bytes = uses_growable(pool) ? round_up(size, page_size_) : tight_segment_size(size);
   // Reserved may stand above a lowered limit: the shortfall counts from there, not from zero headroom.
-  const std::size_t after = cap_.reserved() + bytes, limit = cap_.limit();
+  const std::size_t after = cap_.reserved() + bytes, limit = cap_.budget();
   const std::size_t need = device_refused_ ? bytes : (after > limit ? after - limit : 0);
   if (need == 0) return false;
   std::size_t freed = 0;
@@ -425,7 +429,9 @@ bool DeviceAllocator::release_for(const Pool& pool, std::size_t size) {
 }
 
 void DeviceAllocator::apply_release_threshold() {
-  const auto target = static_cast<std::size_t>(release_threshold_ * static_cast<double>(cap_.limit()));
+  // The share is of the limit; under a limit on the whole process, what is outside counts too.
+  const auto share = static_cast<std::size_t>(release_threshold_ * static_cast<double>(cap_.limit()));
+  const std::size_t target = share > cap_.outside() ? share - cap_.outside() : 0;
   if (cap_.reserved() > target) release_oldest_until(target);
 }
 
@@ -471,12 +477,78 @@ void DeviceAllocator::set_limit(std::string_view spec) {
 //   capturing) nothing is released, as in empty_cache(); the first free after it ends resumes.
 void DeviceAllocator::set_limit_locked(std::size_t limit) {
   cap_.set_limit(limit);
-  if (cap_.reserved() > limit) {
+  if (scope_ == LimitScope::kProcess) measure_outside_locked();
+  if (cap_.reserved() > cap_.budget()) {
     if (pool_targets_.empty()) process_events();
-    release_oldest_until(limit);
+    release_oldest_until(cap_.budget());
   }
   if (release_threshold_ > 0.0) apply_release_threshold();
   debug_check();
+}
+
+// Note [a limit on the whole process]
+//   Under LimitScope::kProcess the limit bounds what the driver counts for the process on the
+//   device: the allocator's reserved bytes plus `outside`, everything else the process holds there
+//   (the CUDA context, library workspaces, NCCL's buffers). Outside is measured, under the lock,
+//   whenever memory may grow (a malloc the cache could not serve, an uncached request) and when the
+//   limit or the scope is set:
+//   - from the backend's per-process figure (NVML's accounting for this pid) where it has one:
+//     outside = that figure - reserved, which stays exact as long as nothing else in the process
+//     allocates between the measurement and the growth;
+//   - else once, at the first measurement, from the device's used memory (total - free) less
+//     reserved. That counts other processes on the device then as this one's, and misses what
+//     libraries allocate later: the figure is kept, and reported as such.
+//   The cap then lets reserved grow only to the budget, limit - outside, so reserved + outside, what
+//   the driver counts, stays within the limit when the allocator grows. Memory another library
+//   takes after the allocator's last growth cannot be refused (it never asks the allocator); the
+//   next measurement counts it, and if reserved then stands above the budget, cached memory is given
+//   back at once and by the frees that follow, as after a lowered limit (Note [reserved above a
+//   lowered limit]).
+void DeviceAllocator::measure_outside_locked() {
+  if (scope_ != LimitScope::kProcess) return;
+  const std::size_t held = cap_.reserved();
+  if (const std::optional<std::size_t> used = backend_.process_used(device_)) {
+    cap_.set_outside(*used > held ? *used - held : 0);
+    outside_source_.store(OutsideSource::kProcessAccounting, std::memory_order_relaxed);
+  } else if (outside_source_.load(std::memory_order_relaxed) == OutsideSource::kNone) {
+    const MemInfo mem = backend_.mem_info(device_);
+    const std::size_t used = mem.total - std::min(mem.free, mem.total);
+    cap_.set_outside(used > held ? used - held : 0);
+    outside_source_.store(OutsideSource::kDeviceAtFirst, std::memory_order_relaxed);
+  }
+  if (cap_.reserved() > cap_.budget() && pool_targets_.empty()) release_oldest_until(cap_.budget());
+}
+
+void DeviceAllocator::set_scope(LimitScope scope) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  scope_ = scope;
+  if (scope == LimitScope::kAllocator) {
+    cap_.set_outside(0);
+    outside_source_.store(OutsideSource::kNone, std::memory_order_relaxed);
+  } else {
+    if (pool_targets_.empty()) process_events();
+    measure_outside_locked();
+  }
+  if (release_threshold_ > 0.0) apply_release_threshold();
+  debug_check();
+}
+
+LimitScope DeviceAllocator::scope() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return scope_;
+}
+
+const char* limit_scope_name(LimitScope scope) {
+  return scope == LimitScope::kProcess ? "process" : "allocator";
+}
+
+const char* outside_source_name(OutsideSource source) {
+  switch (source) {
+    case OutsideSource::kNone: return "none";
+    case OutsideSource::kProcessAccounting: return "process accounting";
+    case OutsideSource::kDeviceAtFirst: return "device at first use";
+  }
+  return "none";
 }
 
 void DeviceAllocator::set_release_threshold(double share) {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <deque>
 #include <functional>
@@ -36,6 +37,20 @@
 
 namespace gpumem {
 
+// What a device's limit bounds. kAllocator: the bytes the allocator reserves (segments and
+// uncached memory). kProcess: everything the driver counts for the process on the device, the
+// allocator's reserved bytes plus what it does not hold (Note [a limit on the whole process]).
+enum class LimitScope { kAllocator, kProcess };
+const char* limit_scope_name(LimitScope scope);  // "allocator", "process"
+
+// Where the memory outside the allocator, under LimitScope::kProcess, was last measured from.
+enum class OutsideSource {
+  kNone,               // not measured: the scope is kAllocator, or nothing grew since it was set
+  kProcessAccounting,  // the driver's figure for this process (NVML), at the last growth
+  kDeviceAtFirst,      // the device's used memory at the first measurement: no per-process figure
+};
+const char* outside_source_name(OutsideSource source);  // "none", "process accounting", "device at first use"
+
 struct AllocatorConfig {
   std::optional<std::size_t> limit;  // bytes; nullopt means the device's total
   // In (0, 1]: once reserved passes this share of the limit, the oldest cached free segments are
@@ -44,6 +59,7 @@ struct AllocatorConfig {
   // New memory comes from growable segments where the backend can map pages (the default), else
   // from plain segments. See core/growable.cpp.
   bool growable = true;
+  LimitScope scope = LimitScope::kAllocator;
 };
 
 // Throws LimitSpecError unless `share` is a release threshold: in (0, 1], or 0 (off).
@@ -105,6 +121,14 @@ class DeviceAllocator {
   void set_limit(std::string_view spec);
   std::size_t limit() const { return cap_.limit(); }
   std::size_t reserved() const { return cap_.reserved(); }  // lock-free, as limit()
+  // What the limit bounds; setting kProcess measures the memory outside the allocator at once,
+  // and releases cached memory down to the budget it leaves.
+  void set_scope(LimitScope scope);
+  LimitScope scope() const;
+  // The process's memory on the device outside the allocator, as last measured (0 under
+  // kAllocator), and where that figure came from. Lock-free, as limit().
+  std::size_t outside() const { return cap_.outside(); }
+  OutsideSource outside_source() const { return outside_source_.load(std::memory_order_relaxed); }
   // Counts crossings of `share` of the limit in watch slot `slot` (core/pressure.h); the counts
   // are read without the lock.
   void watch_pressure(int slot, double share);
@@ -191,6 +215,7 @@ class DeviceAllocator {
   void* reserve_uncached(std::size_t bytes);
   Pool& pool_for_locked(StreamId stream);
   Block* try_cached(Pool& pool, bool small, StreamId stream, std::size_t size);
+  void measure_outside_locked();
   Block* try_new_segment(Pool& pool, bool small, StreamId stream, std::size_t size);
   Block* reserve_segment(Pool& pool, bool small, StreamId stream, std::size_t bytes);
   Block* try_new_memory(Pool& pool, bool small, StreamId stream, std::size_t size);
@@ -254,6 +279,8 @@ class DeviceAllocator {
   const int device_;
   BackendSource backend_source_;                // the default pool's source, and of pools without one
   Cap cap_;
+  LimitScope scope_ = LimitScope::kAllocator;
+  std::atomic<OutsideSource> outside_source_{OutsideSource::kNone};
   double release_threshold_;
   mutable std::mutex mutex_;
   DeviceStats stats_;

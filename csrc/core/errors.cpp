@@ -136,7 +136,11 @@ std::string oom_message(const OomInfo& i) {
          " is free. " + allowed + "Of the allocated memory " + native_size(i.allocated) +
          " is allocated by PyTorch, and " + native_size(i.reserved - std::min(i.reserved, i.allocated)) +
          " is reserved by PyTorch but unallocated. gpumem: " + oom_kind_name(i.kind) + ", under a limit of " +
-         native_size(i.limit) + "; the largest free cached block is " + native_size(i.largest_free_block) + ". " +
+         native_size(i.limit) +
+         (i.process_scope ? " on the whole process, of which " + native_size(i.outside) +
+                                " is held outside PyTorch's allocator (the CUDA context, libraries)"
+                          : std::string()) +
+         "; the largest free cached block is " + native_size(i.largest_free_block) + ". " +
          advice(i.kind);
 }
 

@@ -39,7 +39,9 @@ struct OomInfo {
   std::size_t requested = 0;   // bytes asked for, before rounding
   std::size_t allocated = 0;   // bytes in allocated blocks
   std::size_t reserved = 0;    // bytes in segments
-  std::size_t limit = 0;       // the cap on reserved bytes
+  std::size_t limit = 0;       // the cap on reserved bytes (on reserved + outside under process scope)
+  bool process_scope = false;  // the limit bounds the whole process (LimitScope::kProcess)
+  std::size_t outside = 0;     // the process's memory outside the allocator, as last measured
   std::size_t device_free = 0;
   std::size_t device_total = 0;
   std::size_t largest_free_block = 0;

@@ -35,7 +35,7 @@ void check_pressure_share(double share);
 struct PressureCount {
   double share;
   std::uint64_t crossings;
-  std::size_t reserved_at_crossing;  // reserved right after the last crossing
+  std::size_t reserved_at_crossing;  // reserved right after the last crossing (with what is outside, under a process-wide limit)
 };
 
 class PressureWatches {

@@ -14,7 +14,8 @@ void* DeviceAllocator::malloc_uncached(std::size_t requested) {
   device_refused_ = false;
   if (requested > SIZE_MAX - kMinBlockSize) throw_oom(requested, requested);
   const std::size_t bytes = round_size(requested);
-  if (!fits_under(allocated_locked(), bytes, cap_.limit())) throw_oom(requested, bytes);
+  measure_outside_locked();
+  if (!fits_under(allocated_locked(), bytes, cap_.budget())) throw_oom(requested, bytes);
   void* ptr = reserve_uncached(bytes);
   if (!ptr && pool_targets_.empty()) {
     synchronize_and_process_events();

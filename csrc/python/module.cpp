@@ -67,6 +67,13 @@ py::list snapshot_list(const DeviceAllocator& device) {
   return segments;
 }
 
+// A scope as Python names it (python/gpumem/_scope.py checks it first, naming the forms).
+LimitScope scope_of(const std::string& name) {
+  if (name == limit_scope_name(LimitScope::kAllocator)) return LimitScope::kAllocator;
+  if (name == limit_scope_name(LimitScope::kProcess)) return LimitScope::kProcess;
+  throw LimitSpecError("gpumem: bad limit scope " + shown(name) + ": expected \"allocator\" or \"process\"");
+}
+
 void set_limit_bytes(DeviceAllocator& device, std::optional<std::size_t> nbytes) { device.set_limit(nbytes); }
 
 // ---- what monitoring reads (python/gpumem/metrics.py, pressure.py) ----
@@ -83,13 +90,18 @@ py::list existing_device_list(const CachingAllocator& core) {
 // (the lock held only for the copy), the device's own free and total where it can say (None if
 // asking fails). The GIL is released while they are read.
 py::dict device_figures(DeviceAllocator& device) {
-  std::size_t reserved = 0, limit = 0;
+  std::size_t reserved = 0, limit = 0, outside = 0;
+  OutsideSource source = OutsideSource::kNone;
+  LimitScope scope = LimitScope::kAllocator;
   DeviceStats stats;
   std::optional<MemInfo> mem;
   {
     py::gil_scoped_release release;
     reserved = device.reserved();
     limit = device.limit();
+    outside = device.outside();
+    source = device.outside_source();
+    scope = device.scope();
     stats = device.stats();
     // Asking the driver makes a CUDA context on a device that has none (one set_limit configured
     // but the program never used): only a device that holds memory, and so has one, is asked.
@@ -98,7 +110,9 @@ py::dict device_figures(DeviceAllocator& device) {
   py::object free = mem ? py::cast(mem->free) : py::none();
   py::object total = mem ? py::cast(mem->total) : py::none();
   return py::dict(py::arg("reserved") = reserved, py::arg("limit") = limit, py::arg("stats") = stats_dict(stats),
-                  py::arg("device_free") = free, py::arg("device_total") = total);
+                  py::arg("device_free") = free, py::arg("device_total") = total,
+                  py::arg("scope") = limit_scope_name(scope), py::arg("outside") = outside,
+                  py::arg("outside_source") = outside_source_name(source));
 }
 
 py::dict figures_of(const CachingAllocator& core, int index) {
@@ -224,11 +238,13 @@ void bind_limits(py::module_& m) {
 void bind_process_allocator(py::module_& m) {
   using Release = py::call_guard<py::gil_scoped_release>;
   auto core = []() -> CachingAllocator& { return process_allocator().core(); };
-  m.def("install", [](std::optional<std::string> limits, std::optional<bool> growable) {
-    install(StartupSettings{std::move(limits), growable});
-  }, py::arg("limits") = py::none(), py::arg("growable") = py::none(),
-        "Makes gpumem torch's CUDA allocator, touching no CUDA; GPUMEM_LIMIT's text and GPUMEM_SEGMENTS's kind "
-        "apply when the devices are first used. RuntimeError if torch's own allocator already served memory.");
+  m.def("install", [](std::optional<std::string> limits, std::optional<bool> growable,
+                       std::optional<std::string> scope) {
+    install(StartupSettings{std::move(limits), growable, scope ? std::optional(scope_of(*scope)) : std::nullopt});
+  }, py::arg("limits") = py::none(), py::arg("growable") = py::none(), py::arg("scope") = py::none(),
+        "Makes gpumem torch's CUDA allocator, touching no CUDA; GPUMEM_LIMIT's text, GPUMEM_SEGMENTS's kind and "
+        "GPUMEM_SCOPE's scope apply when the devices are first used. RuntimeError if torch's own allocator "
+        "already served memory.");
   m.def("is_installed", &is_installed);
   m.def("device_count", [core] { return core().device_count(); });
   m.def("set_limit", [core](int device, const std::string& spec) { core().device(device).set_limit(std::string_view(spec)); },
@@ -236,6 +252,10 @@ void bind_process_allocator(py::module_& m) {
   m.def("set_limit_bytes", [core](int device, std::optional<std::size_t> nbytes) { set_limit_bytes(core().device(device), nbytes); },
         py::arg("device"), py::arg("nbytes"), Release());
   m.def("get_limit", [core](int device) { return core().device(device).limit(); }, py::arg("device"));
+  m.def("set_scope", [core](int device, const std::string& scope) { core().device(device).set_scope(scope_of(scope)); },
+        py::arg("device"), py::arg("scope"), Release());
+  m.def("get_scope", [core](int device) { return limit_scope_name(core().device(device).scope()); },
+        py::arg("device"));
   m.def("set_release_threshold", [core](int device, double share) { core().device(device).set_release_threshold(share); },
         py::arg("device"), py::arg("share"));
   m.def("get_release_threshold", [core](int device) { return core().device(device).release_threshold(); },
@@ -303,6 +323,18 @@ void bind_sim_allocator(py::module_& m) {
       .def("set_limit_bytes", [](SimAllocator& s, int device, std::optional<std::size_t> nbytes) { set_limit_bytes(s.device(device), nbytes); },
            py::arg("device"), py::arg("nbytes"))
       .def("get_limit", [](SimAllocator& s, int device) { return s.device(device).limit(); }, py::arg("device"))
+      .def("set_scope", [](SimAllocator& s, int device, const std::string& scope) {
+        s.device(device).set_scope(scope_of(scope));
+      }, py::arg("device"), py::arg("scope"))
+      .def("get_scope", [](SimAllocator& s, int device) { return limit_scope_name(s.device(device).scope()); },
+           py::arg("device"))
+      .def("outside", [](SimAllocator& s, int device) { return s.device(device).outside(); }, py::arg("device"))
+      .def("set_use_outside", [](SimAllocator& s, int device, std::size_t process, std::size_t others) {
+        s.backend().set_use_outside(device, process, others);
+      }, py::arg("device"), py::arg("process"), py::arg("others") = 0,
+           "Memory on the simulated device outside the allocator: the process's (a library's) and other processes'.")
+      .def("set_process_accounting", [](SimAllocator& s, bool on) { s.backend().set_process_accounting(on); },
+           py::arg("on"), "Whether the simulated driver reports this process's memory (as NVML does for its pid).")
       .def("reserved", [](SimAllocator& s, int device) { return s.device(device).reserved(); }, py::arg("device"))
       .def("set_growable", [](SimAllocator& s, int device, bool on) { s.device(device).set_growable(on); },
            py::arg("device"), py::arg("on"))

@@ -150,6 +150,7 @@ void apply_startup(CachingAllocator& core, const StartupSettings& settings, cons
     config.limit = lower(config.limit, limits[d]);
     if (torch.growable) config.growable = *torch.growable;
     if (settings.growable) config.growable = *settings.growable;
+    if (settings.scope) config.scope = *settings.scope;
     if (torch.release_threshold) config.release_threshold = *torch.release_threshold;
     configs.push_back(config);
   }

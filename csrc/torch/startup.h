@@ -11,7 +11,7 @@
 //      _set_allocator_settings before CUDA starts): per_process_memory_fraction caps, as native;
 //      expandable_segments picks growable or plain segments where the settings name it;
 //      garbage_collection_threshold becomes the release threshold;
-//   2. gpumem's environment: GPUMEM_LIMIT, GPUMEM_SEGMENTS;
+//   2. gpumem's environment: GPUMEM_LIMIT, GPUMEM_SEGMENTS, GPUMEM_SCOPE;
 //   3. gpumem's own calls (set_limit, set_segments, set_release_threshold) and
 //      torch.cuda.set_per_process_memory_fraction, made at any time: the last call holds.
 //   Two caps from 1 and 2 both hold: the lower one applies. The settings torch has and gpumem has
@@ -33,6 +33,7 @@ namespace gpumem {
 struct StartupSettings {
   std::optional<std::string> limits;  // GPUMEM_LIMIT's text; its syntax was checked at install
   std::optional<bool> growable;       // GPUMEM_SEGMENTS
+  std::optional<LimitScope> scope;    // GPUMEM_SCOPE
 };
 
 // What torch's allocator settings ask of gpumem.

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from gpumem import _C, _devices, _env, _limits, _monitoring, _segments, _torch_hooks
+from gpumem import _C, _devices, _env, _limits, _monitoring, _scope, _segments, _torch_hooks
 from gpumem._devices import Device
 from gpumem._limits import Limit
 from gpumem._words import shown
@@ -34,22 +34,35 @@ _TORCH_ALLOCATOR_IN_USE = (
 )
 
 
-def set_limit(limit: Limit, device: Device = None) -> None:
+def set_limit(limit: Limit, device: Device = None, scope: Optional[str] = None) -> None:
     """Caps the CUDA memory PyTorch may reserve: on every visible device, or on `device`.
 
     `limit` is a spec ("4GB", "512 MiB", "50%", "0.5", "none"), an int byte count, a float
-    fraction of the device in (0, 1], or None for no limit. The first call installs gpumem as
+    fraction of the device in (0, 1], or None for no limit. `scope` says what the limit bounds:
+    "allocator" (what gpumem reserves, torch.cuda.memory_reserved()) or "process" (everything
+    the driver counts for the process on the device, as nvidia-smi shows it: gpumem's memory plus
+    the CUDA context, library workspaces and NCCL's buffers; see docs/usage.md). None keeps each
+    device's scope (GPUMEM_SCOPE's, else "allocator"). The first call installs gpumem as
     PyTorch's CUDA allocator (GPUMEM_LIMIT applies first, then this limit). A bad value, or a
     value that does not fit one of the devices, raises and changes nothing; the errors are the
     module's (see its docstring).
     """
     spec = _limits.spec_of(limit)
     _limits.check_syntax(spec)
+    scope = None if scope is None else _scope.scope(scope)
     with _lock:
         _refuse_if_torch_allocator_in_use()
         limits = _limits.resolve(spec, _devices.targets(device))
         _enable_locked()
+        if scope is not None:
+            for index in limits:
+                _C.set_scope(index, scope)
         _apply(limits)
+
+
+def get_scope(device: Device = None) -> str:
+    """What the limit on `device` (the current device for None) bounds: "allocator" or "process"."""
+    return _C.get_scope(_devices.index(device))
 
 
 def get_limit(device: Device = None) -> int:
@@ -153,7 +166,7 @@ def _enable_locked() -> None:
     # allocator settings) when the devices are first used, before any later gpumem call.
     text, growable, view = _env.limit_text(), _env.segments(), _env.mem_info_view()
     warn_at, metrics_port, publish_dir = _env.warn_at(), _env.metrics_port(), _env.publish_dir()
-    _C.install(text, growable)
+    _C.install(text, growable, _env.scope())
     _torch_hooks.install()
     if growable is not None:
         _torch_hooks.fixed["segments"] = True

@@ -2,6 +2,7 @@
 
     GPUMEM_LIMIT     the limits: "4GB" for every device, or per device "0:4GB,1:8GB"
     GPUMEM_SEGMENTS  the segment kind on every device: "growable" or "plain"
+    GPUMEM_SCOPE     what the limits bound on every device: "allocator" (the default) or "process"
     GPUMEM_MEM_INFO  what torch.cuda.mem_get_info reports: "capped" (the default) or "device"
     GPUMEM_WARN_AT   a warning each time reserved passes this share of the limit (gpumem.pressure)
     GPUMEM_METRICS_PORT  Prometheus metrics on this port plus LOCAL_RANK (gpumem.metrics)
@@ -17,11 +18,12 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional, Sequence
 
-from gpumem import _C, _limits, _segments, _torch_hooks, metrics, pressure, publish
+from gpumem import _C, _limits, _scope, _segments, _torch_hooks, metrics, pressure, publish
 from gpumem._words import bounded, shown
 
 VARIABLE = "GPUMEM_LIMIT"
 SEGMENTS_VARIABLE = "GPUMEM_SEGMENTS"
+SCOPE_VARIABLE = "GPUMEM_SCOPE"
 MEM_INFO_VARIABLE = "GPUMEM_MEM_INFO"
 WARN_AT_VARIABLE = "GPUMEM_WARN_AT"
 METRICS_PORT_VARIABLE = "GPUMEM_METRICS_PORT"
@@ -68,6 +70,12 @@ def segments(environ: Mapping[str, str] = os.environ) -> Optional[bool]:
     """Whether GPUMEM_SEGMENTS asks for growable segments; None when it is unset. A bad value
     raises SettingError naming the variable, its value and the accepted forms."""
     return _setting(environ, SEGMENTS_VARIABLE, _segments.growable, _segments.FORMS)
+
+
+def scope(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """GPUMEM_SCOPE's limit scope ("allocator" or "process"); None when it is unset. A bad value
+    raises SettingError as segments() does."""
+    return _setting(environ, SCOPE_VARIABLE, _scope.scope, _scope.FORMS)
 
 
 def mem_info_view(environ: Mapping[str, str] = os.environ) -> Optional[str]:
@@ -127,6 +135,7 @@ def _setting(environ: Mapping[str, str], variable: str, parse, forms: str):
 # one and `gpumem info` reports it, from this one list. publish_dir reads GPUMEM_RUN_DIR as well.
 SETTINGS = (
     (SEGMENTS_VARIABLE, segments),
+    (SCOPE_VARIABLE, scope),
     (MEM_INFO_VARIABLE, mem_info_view),
     (WARN_AT_VARIABLE, warn_at),
     (METRICS_PORT_VARIABLE, metrics_port),

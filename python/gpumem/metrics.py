@@ -44,9 +44,17 @@ METRICS = (
     ("gpumem_reserved_bytes", "gauge",
      "Bytes gpumem holds from the device, counted against the limit (torch.cuda.memory_reserved).", None),
     ("gpumem_reserved_peak_bytes", "gauge", "The most reserved since the start or the last peak reset.", None),
-    ("gpumem_limit_bytes", "gauge", "The cap on reserved bytes.", None),
+    ("gpumem_limit_bytes", "gauge",
+     "The cap: on reserved bytes, or under a limit on the whole process on gpumem_counted_bytes.", None),
+    ("gpumem_counted_bytes", "gauge",
+     "What the limit measures: reserved, plus the process's memory outside gpumem under a limit on the "
+     "whole process (GPUMEM_SCOPE=process).", None),
     ("gpumem_free_under_limit_bytes", "gauge",
-     "Bytes gpumem may still reserve before the limit refuses: limit - reserved, 0 above a lowered limit.", None),
+     "Bytes gpumem may still reserve before the limit refuses: limit - reserved (- the process's memory "
+     "outside gpumem under a limit on the whole process), 0 above a lowered limit.", None),
+    ("gpumem_process_outside_bytes", "gauge",
+     "Under a limit on the whole process: the process's device memory outside gpumem (CUDA context, "
+     "libraries), as last measured and counted against the limit.", None),
     ("gpumem_outside_bytes", "gauge",
      "Device memory in use that gpumem did not reserve (other processes, CUDA contexts, other allocators): "
      "device total - device free - reserved, from cudaMemGetInfo.", None),
@@ -122,8 +130,13 @@ def _device_samples(figures: dict):
     yield "gpumem_allocated_peak_bytes", stats["allocated_bytes.all.peak"], ()
     yield "gpumem_reserved_bytes", reserved, ()
     yield "gpumem_reserved_peak_bytes", stats["reserved_bytes.all.peak"], ()
+    process_scope = figures.get("scope") == "process"
+    outside = figures.get("outside", 0) if process_scope else 0
     yield "gpumem_limit_bytes", limit, ()
-    yield "gpumem_free_under_limit_bytes", max(limit - reserved, 0), ()
+    yield "gpumem_counted_bytes", reserved + outside, ()
+    yield "gpumem_free_under_limit_bytes", max(limit - reserved - outside, 0), ()
+    if process_scope and figures.get("outside_source") != "none":
+        yield "gpumem_process_outside_bytes", outside, ()
     if figures["device_free"] is not None:
         used = figures["device_total"] - figures["device_free"]
         yield "gpumem_outside_bytes", max(used - reserved, 0), ()

@@ -39,16 +39,29 @@ inline AllocatorConfig config_with(std::optional<std::size_t> limit, double rele
   return config;
 }
 
+constexpr std::size_t kSimPage = 2 * MiB;  // the page of a simulated device with virtual memory
+
 // One simulated device and the allocator under test. malloc and free check the invariants after
 // every call, so a test that only mutates still verifies the block lists and the statistics.
+// With `page` > 0 the device has virtual memory of that granularity, and the allocator uses
+// growable segments unless `growable` is false.
 struct Sim {
   SimBackend backend;
   DeviceAllocator alloc;
 
   explicit Sim(std::optional<std::size_t> limit = std::nullopt, std::size_t capacity = kDeviceBytes,
-               double release_threshold = 0.0)
-      : backend(capacity), alloc(backend, 0, config_with(limit, release_threshold)) {}
+               double release_threshold = 0.0, std::size_t page = 0, bool growable = true)
+      : backend(capacity), alloc(with_pages(backend, page), 0, grow_config(limit, release_threshold, growable)) {}
 
+  static SimBackend& with_pages(SimBackend& backend, std::size_t page) {
+    if (page > 0) backend.enable_virtual_memory(page);
+    return backend;
+  }
+  static AllocatorConfig grow_config(std::optional<std::size_t> limit, double release_threshold, bool growable) {
+    AllocatorConfig config = config_with(limit, release_threshold);
+    config.growable = growable;
+    return config;
+  }
   Block* malloc(std::size_t size, StreamId stream = kStream0) {
     Block* block = alloc.malloc(size, stream);
     alloc.check_invariants();
@@ -61,6 +74,7 @@ struct Sim {
   SimBackend::Ledger ledger() const { return backend.ledger(0); }
   DeviceStats stats() const { return alloc.stats(); }
   std::vector<SegmentInfo> snapshot() const { return alloc.snapshot(); }
+  bool mapped(std::uintptr_t addr) const { return backend.is_mapped(0, addr); }
 
   // The snapshot entry of the segment that holds `block`.
   SegmentInfo segment_of(const Block* block) const {
@@ -76,6 +90,12 @@ struct Sim {
     }
     return false;
   }
+};
+
+// The same device with virtual memory (pages of kSimPage): growable segments by default.
+struct VmSim : Sim {
+  explicit VmSim(std::optional<std::size_t> limit = std::nullopt, bool growable = true, double release_threshold = 0.0)
+      : Sim(limit, kDeviceBytes, release_threshold, kSimPage, growable) {}
 };
 
 // The error a call threw; fails the test if it threw none.

@@ -9,37 +9,7 @@ using namespace gpumem_test;
 
 namespace {
 
-constexpr std::size_t kPage = 2 * MiB;
-
-// A simulated device with virtual memory, and its allocator (growable segments by default).
-struct VmSim {
-  SimBackend backend;
-  DeviceAllocator alloc;
-
-  static SimBackend& with_pages(SimBackend& backend) {
-    backend.enable_virtual_memory(kPage);
-    return backend;
-  }
-  explicit VmSim(std::optional<std::size_t> limit = std::nullopt, bool growable = true, double release_threshold = 0.0)
-      : backend(kDeviceBytes), alloc(with_pages(backend), 0, grow_config(limit, growable, release_threshold)) {}
-
-  static AllocatorConfig grow_config(std::optional<std::size_t> limit, bool growable, double release_threshold) {
-    AllocatorConfig config = config_with(limit, release_threshold);
-    config.growable = growable;
-    return config;
-  }
-  Block* malloc(std::size_t size, StreamId stream = kStream0) {
-    Block* block = alloc.malloc(size, stream);
-    alloc.check_invariants();
-    return block;
-  }
-  void free(Block* block) {
-    alloc.free(block);
-    alloc.check_invariants();
-  }
-  SimBackend::Ledger ledger() const { return backend.ledger(0); }
-  bool mapped(std::uintptr_t addr) const { return backend.is_mapped(0, addr); }
-};
+constexpr std::size_t kPage = kSimPage;
 
 std::size_t snapshot_bytes(const std::vector<SegmentInfo>& segments) {
   std::size_t bytes = 0;

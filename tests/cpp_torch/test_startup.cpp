@@ -44,7 +44,7 @@ TEST_CASE("setting_keys lists the keys of a settings string, lists in brackets k
 
 TEST_CASE("GPUMEM_LIMIT's text applies to the devices when they are first used", "[torch][startup]") {
   SimAdapter sim(8 * GiB, 2);
-  start(sim, {std::string("0:1GB,1:25%"), std::nullopt});
+  start(sim, {std::string("0:1GB,1:25%"), std::nullopt, std::nullopt});
   REQUIRE(sim.adapter.core().existing(0) == nullptr);
   REQUIRE(sim.core_device(1).limit() == 2 * GiB);
   REQUIRE(sim.core_device(0).limit() == 1 * GiB);
@@ -52,7 +52,7 @@ TEST_CASE("GPUMEM_LIMIT's text applies to the devices when they are first used",
 
 TEST_CASE("torch's init runs the setup, so a bad GPUMEM_LIMIT fails it with the variable named", "[torch][startup]") {
   SimAdapter sim(8 * GiB, 2);
-  start(sim, {std::string("0:9GB"), std::nullopt});
+  start(sim, {std::string("0:9GB"), std::nullopt, std::nullopt});
   try {
     sim.adapter.init(2);
     FAIL("init accepted a limit above the device");
@@ -70,7 +70,7 @@ TEST_CASE("torch's init runs the setup, so a bad GPUMEM_LIMIT fails it with the 
 
 TEST_CASE("a GPUMEM_LIMIT naming a device that is not there is an error naming the devices", "[torch][startup]") {
   SimAdapter sim(8 * GiB, 2);
-  start(sim, {std::string("2:1GB"), std::nullopt});
+  start(sim, {std::string("2:1GB"), std::nullopt, std::nullopt});
   const std::string message = setup_error(sim);
   REQUIRE(message.rfind("gpumem: bad GPUMEM_LIMIT \"2:1GB\": there is no CUDA device 2; this process sees devices 0..1", 0) == 0);
 }
@@ -78,7 +78,7 @@ TEST_CASE("a GPUMEM_LIMIT naming a device that is not there is an error naming t
 TEST_CASE("a long bad GPUMEM_LIMIT is named short, once, with the reason", "[torch][startup]") {
   SimAdapter sim(8 * GiB, 2);
   const std::string text = "0:9GB," + std::string(100'000, ' ');
-  start(sim, {text, std::nullopt});
+  start(sim, {text, std::nullopt, std::nullopt});
   const std::string message = setup_error(sim);
   REQUIRE(message.size() < 1000);
   REQUIRE(message.rfind("gpumem: bad GPUMEM_LIMIT \"0:9GB,", 0) == 0);
@@ -88,7 +88,7 @@ TEST_CASE("a long bad GPUMEM_LIMIT is named short, once, with the reason", "[tor
 
 TEST_CASE("a bad GPUMEM_LIMIT changes no device, even those it could apply to", "[torch][startup]") {
   SimAdapter sim(8 * GiB, 2);
-  start(sim, {std::string("0:1GB,1:9GB"), std::nullopt});
+  start(sim, {std::string("0:1GB,1:9GB"), std::nullopt, std::nullopt});
   REQUIRE_FALSE(setup_error(sim).empty());
   start(sim, {});
   REQUIRE(sim.core_device(0).limit() == 8 * GiB);
@@ -98,7 +98,7 @@ TEST_CASE("torch's per_process_memory_fraction caps each device, and the lower o
   SimAdapter sim(8 * GiB, 2);
   TorchSettings torch;
   torch.fraction = 0.5;
-  start(sim, {std::string("0:1GB,1:6GB"), std::nullopt}, torch);
+  start(sim, {std::string("0:1GB,1:6GB"), std::nullopt, std::nullopt}, torch);
   REQUIRE(sim.core_device(0).limit() == 1 * GiB);
   REQUIRE(sim.core_device(1).limit() == 4 * GiB);
 }
@@ -120,7 +120,7 @@ TEST_CASE("torch's expandable_segments picks the segments; GPUMEM_SEGMENTS overr
   start(plain, {}, torch);
   REQUIRE_FALSE(plain.core_device(0).growable());
   SimAdapter growable(8 * GiB, 1, 2 * MiB);
-  start(growable, {std::nullopt, true}, torch);
+  start(growable, {std::nullopt, true, std::nullopt}, torch);
   REQUIRE(growable.core_device(0).growable());
 }
 
@@ -128,13 +128,13 @@ TEST_CASE("torch's garbage_collection_threshold becomes the release threshold", 
   SimAdapter sim(8 * GiB, 1);
   TorchSettings torch;
   torch.release_threshold = 0.6;
-  start(sim, {std::string("2GB"), std::nullopt}, torch);
+  start(sim, {std::string("2GB"), std::nullopt, std::nullopt}, torch);
   REQUIRE(sim.core_device(0).release_threshold() == 0.6);
 }
 
 TEST_CASE("a limit set after the setup wins over it", "[torch][startup]") {
   SimAdapter sim(8 * GiB, 1);
-  start(sim, {std::string("1GB"), std::nullopt});
+  start(sim, {std::string("1GB"), std::nullopt, std::nullopt});
   sim.core_device(0).set_limit(std::optional<std::size_t>(3 * GiB));
   REQUIRE(sim.core_device(0).limit() == 3 * GiB);
 }

@@ -1,0 +1,85 @@
+#include "backends/nvml.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+#include <vector>
+
+namespace gpumem {
+
+namespace {
+
+// The part of NVML's interface used here, as its header declares it (stable since NVML 11).
+using NvmlReturn = int;
+using NvmlDevice = struct NvmlDeviceOpaque*;
+constexpr NvmlReturn kNvmlSuccess = 0;
+constexpr NvmlReturn kNvmlInsufficientSize = 7;
+constexpr unsigned long long kNvmlValueNotAvailable = ~0ULL;
+
+struct NvmlProcessInfo {  // nvmlProcessInfo_t, as nvmlDeviceGetComputeRunningProcesses_v3 fills it
+  unsigned int pid;
+  unsigned long long used_gpu_memory;
+  unsigned int gpu_instance_id;
+  unsigned int compute_instance_id;
+};
+
+struct Nvml {
+  NvmlReturn (*init)() = nullptr;
+  NvmlReturn (*handle_by_pci_bus_id)(const char*, NvmlDevice*) = nullptr;
+  NvmlReturn (*compute_processes)(NvmlDevice, unsigned int*, NvmlProcessInfo*) = nullptr;
+};
+
+template <class F>
+bool find(void* library, const char* name, F& fn) {
+  fn = reinterpret_cast<F>(dlsym(library, name));
+  return fn != nullptr;
+}
+
+// NVML, loaded and started on first use; nullptr when it cannot be. Never unloaded: the driver
+// keeps its own state for the process's lifetime anyway.
+const Nvml* nvml() {
+  static const Nvml* loaded = [] () -> const Nvml* {
+    void* library = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!library) return nullptr;
+    static Nvml api;
+    if (!find(library, "nvmlInit_v2", api.init) ||
+        !find(library, "nvmlDeviceGetHandleByPciBusId_v2", api.handle_by_pci_bus_id) ||
+        !find(library, "nvmlDeviceGetComputeRunningProcesses_v3", api.compute_processes) ||
+        api.init() != kNvmlSuccess) {
+      return nullptr;
+    }
+    return &api;
+  }();
+  return loaded;
+}
+
+}  // namespace
+
+std::optional<std::size_t> nvml_process_memory(const char* pci_bus_id, unsigned pid) {
+  const Nvml* api = nvml();
+  if (!api) return std::nullopt;
+  NvmlDevice device = nullptr;
+  if (api->handle_by_pci_bus_id(pci_bus_id, &device) != kNvmlSuccess) return std::nullopt;
+  // The list may grow between asking its length and reading it: ask again, with more room.
+  std::vector<NvmlProcessInfo> processes(16);
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    auto count = static_cast<unsigned int>(processes.size());
+    const NvmlReturn status = api->compute_processes(device, &count, processes.data());
+    if (status == kNvmlInsufficientSize) {
+      processes.resize(static_cast<std::size_t>(count) * 2 + 16);
+      continue;
+    }
+    if (status != kNvmlSuccess) return std::nullopt;
+    std::optional<std::size_t> used;
+    for (unsigned int i = 0; i < count && i < processes.size(); ++i) {
+      const NvmlProcessInfo& p = processes[i];
+      if (p.pid != pid) continue;
+      if (p.used_gpu_memory == kNvmlValueNotAvailable) return std::nullopt;
+      used = used.value_or(0) + static_cast<std::size_t>(p.used_gpu_memory);
+    }
+    return used;
+  }
+  return std::nullopt;
+}
+
+}  // namespace gpumem
