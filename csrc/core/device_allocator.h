@@ -128,6 +128,8 @@ class DeviceAllocator {
   // The process's memory on the device outside the allocator, as last measured (0 under
   // kAllocator), and where that figure came from. Lock-free, as limit().
   std::size_t outside() const { return cap_.outside(); }
+  // What reserved may grow to: the limit, less outside under kProcess. Lock-free, as limit().
+  std::size_t budget() const { return cap_.budget(); }
   OutsideSource outside_source() const { return outside_source_.load(std::memory_order_relaxed); }
   // Counts crossings of `share` of the limit in watch slot `slot` (core/pressure.h); the counts
   // are read without the lock.

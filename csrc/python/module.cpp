@@ -256,6 +256,8 @@ void bind_process_allocator(py::module_& m) {
         py::arg("device"), py::arg("scope"), Release());
   m.def("get_scope", [core](int device) { return limit_scope_name(core().device(device).scope()); },
         py::arg("device"));
+  m.def("outside", [core](int device) { return core().device(device).outside(); }, py::arg("device"),
+        "Under a limit on the whole process: its memory on the device outside gpumem, as last measured.");
   m.def("set_release_threshold", [core](int device, double share) { core().device(device).set_release_threshold(share); },
         py::arg("device"), py::arg("share"));
   m.def("get_release_threshold", [core](int device) { return core().device(device).release_threshold(); },

@@ -68,8 +68,8 @@ void TorchAllocator::cacheInfo(DeviceIndex device, size_t* largest_block) {
   std::size_t largest = *largest_block;
   if (largest == 0) {
     const MemInfo mem = with_c10_errors([&] { return d.device_mem_info(); });
-    const std::size_t limit = d.limit(), reserved = d.reserved();
-    largest = std::min(mem.free, limit > reserved ? limit - reserved : 0);
+    const std::size_t budget = d.budget(), reserved = d.reserved();
+    largest = std::min(mem.free, budget > reserved ? budget - reserved : 0);
   }
   *largest_block = std::max(largest, d.largest_free_block());
 }
@@ -87,13 +87,15 @@ void* TorchAllocator::getBaseAllocation(void* ptr, size_t* size) {
 }
 
 // The device as a job under the cap sees it: its total is the limit, and free is what gpumem could
-// still take from the device without passing the limit (limit - reserved, and no more than the
-// device has free). Cached memory is not free, as native counts it. Uncapped, this is the
-// device's own (free, total). `mem` is the device's own, as the caller measured it.
+// still take from the device without passing the limit (limit - reserved, less the process's
+// memory outside gpumem under a limit on the whole process, and no more than the device has free).
+// Cached memory is not free, as native counts it. Uncapped, this is the device's own (free,
+// total). `mem` is the device's own, as the caller measured it.
 std::pair<size_t, size_t> TorchAllocator::capped_view(DeviceIndex device, MemInfo mem) {
   gpumem::DeviceAllocator& d = this->device(device);
   const std::size_t limit = std::min(d.limit(), mem.total), reserved = d.reserved();
-  return {std::min(mem.free, limit > reserved ? limit - reserved : 0), limit};
+  const std::size_t budget = std::min(d.budget(), limit);
+  return {std::min(mem.free, budget > reserved ? budget - reserved : 0), limit};
 }
 
 #if GPUMEM_TORCH_HAS_GET_MEMORY_INFO

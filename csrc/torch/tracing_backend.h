@@ -31,6 +31,7 @@ class TracingBackend final : public Backend {
   void release(int device, void* ptr, std::size_t bytes) override;
   MemInfo mem_info(int device) override { return inner_.mem_info(device); }
   std::size_t total_memory(int device) override { return inner_.total_memory(device); }
+  std::optional<std::size_t> process_used(int device) override { return inner_.process_used(device); }
   EventId record_event(int device, StreamId stream) override { return inner_.record_event(device, stream); }
   bool event_done(int device, EventId event) override { return inner_.event_done(device, event); }
   void destroy_event(int device, EventId event) override { inner_.destroy_event(device, event); }

@@ -4,7 +4,12 @@
     {"format": 1, "pid": 4242, "start_time": 81234567, "pid_namespace": "pid:[4026531836]",
      "job": "bert", "devices": [{"index": 0, "uuid": "5e4f...", "device_total": 150...,
      "limit": 21474836480, "allocated": ..., "allocated_peak": ..., "reserved": ...,
-     "reserved_peak": ..., "ooms": {"over_limit": 0, "device_full": 0, "fragmentation": 0}}]}
+     "reserved_peak": ..., "ooms": {"over_limit": 0, "device_full": 0, "fragmentation": 0},
+     "scope": "allocator", "outside": 0}]}
+
+"scope" is what the limit bounds ("process": the whole process, as gpumem.set_limit's scope) and
+"outside" the process's memory outside gpumem counted against it (0 under "allocator"); a file
+without them (an older gpumem's) reads as "allocator" and 0.
 
 Where. The run directory: GPUMEM_RUN_DIR, else /tmp/gpumem-<uid>, made 0700 by the first process
 that publishes. /tmp because it is there in every process (batch jobs, services and containers
@@ -128,6 +133,8 @@ def device_figures(source, fixed: Callable[[int], dict]) -> list[dict]:
         figures = {"index": device, **fixed(device), "limit": source.get_limit(device)}
         figures.update({name: stats[key] for name, key in STATS.items()})
         figures["ooms"] = {case: stats[key] for case, key in metrics.OOM_CASES.items()}
+        figures["scope"] = source.get_scope(device)
+        figures["outside"] = source.outside(device) if figures["scope"] == "process" else 0
         devices.append(figures)
     return devices
 
@@ -136,7 +143,8 @@ class Publisher:
     """Keeps <run dir>/<pid>.json up to date with one process's figures (see the module's docstring).
 
     `source`: gpumem._C (the process's allocator) by default, or anything with its existing_devices(),
-    stats(device) and get_limit(device), such as a SimAllocator. `identity`: own_identity() by default.
+    stats(device), get_limit(device), get_scope(device) and outside(device), such as a SimAllocator.
+    `identity`: own_identity() by default.
     `uuid_of(device)`: the device's UUID, or None. `clock`: seconds, for the heartbeat.
     """
 
@@ -396,6 +404,11 @@ def _checked_device(data: object) -> dict:
                "limit": _count(data.get("limit"), "limit")}
     checked.update({name: _count(data.get(name), name) for name in STATS})
     checked["ooms"] = {case: _count(ooms.get(case), f"ooms {case}") for case in metrics.OOM_CASES}
+    scope = data.get("scope", "allocator")
+    if scope not in ("allocator", "process"):
+        raise ValueError('scope is not "allocator" or "process"')
+    checked["scope"] = scope
+    checked["outside"] = _count(data.get("outside", 0), "outside")
     return checked
 
 

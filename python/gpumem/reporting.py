@@ -36,6 +36,8 @@ class DeviceReport:
     timeline: list = field(default_factory=list)  # [(seconds, allocated, reserved)]
     simulated: bool = False  # a simulated device: nothing outside gpumem uses it
     segments: Optional[str] = None  # the segment kind in effect: "growable" or "plain"
+    scope: Optional[str] = None  # what the limit bounds: "allocator" or "process" (gpumem.set_limit)
+    outside: Optional[int] = None  # under "process": the memory outside gpumem counted against the limit
 
     def stat(self, key: str) -> int:
         return int(self.stats.get(key, 0))
@@ -67,7 +69,7 @@ class Report:
     def from_stats(cls, per_device: Union[Mapping[int, Mapping], Sequence[Mapping]],
                    title: str = "gpumem memory report") -> "Report":
         """From {device: {"stats": {...}, "limit", "total", "free", "largest_free_block",
-        "timeline", "segments"}} (or a list by device index); every key but "stats" is optional."""
+        "timeline", "segments", "scope", "outside"}} (or a list by device index); every key but "stats" is optional."""
         items = per_device.items() if isinstance(per_device, Mapping) else enumerate(per_device)
         devices = []
         for device, values in items:
@@ -77,6 +79,8 @@ class Report:
                 device=int(device),
                 stats=dict(values["stats"]),
                 limit=values.get("limit"),
+                scope=values.get("scope"),
+                outside=values.get("outside"),
                 total=values.get("total"),
                 free=values.get("free"),
                 largest_free_block=values.get("largest_free_block"),
@@ -100,6 +104,8 @@ class Report:
             "largest_free_block": sim.largest_free_block(d),
             "simulated": True,
             "segments": _segments.kind(sim.growable(d)),
+            "scope": sim.get_scope(d),
+            "outside": sim.outside(d),
         } for d in indices}, title)
 
     # ---- rendering ----------------------------------------------------------------------------
@@ -174,7 +180,8 @@ def collect(device=None) -> Report:
         free, total = _C.mem_info(d)
         per_device[d] = {"stats": _C.stats(d), "limit": _C.get_limit(d), "total": total, "free": free,
                          "largest_free_block": _C.largest_free_block(d), "timeline": timeline.points(d),
-                         "segments": _segments.kind(_C.get_growable(d))}
+                         "segments": _segments.kind(_C.get_growable(d)), "scope": _C.get_scope(d),
+                         "outside": _C.outside(d)}
     return Report.from_stats(per_device)
 
 
@@ -193,8 +200,9 @@ def _rows(d: DeviceReport) -> list[tuple[str, str, str]]:
         ("reserved", _size(d.reserved), _size(d.stat("reserved_bytes.all.peak"))),
         ("inactive split", _size(d.stat("inactive_split_bytes.all.current")),
          _size(d.stat("inactive_split_bytes.all.peak"))),
-        ("limit", _size(d.limit), ""),
-    ] + ([] if d.segments is None else [("segments", d.segments, "")]) + [
+        ("limit, whole process" if d.scope == "process" else "limit", _size(d.limit), ""),
+    ] + ([("outside gpumem, counted", _size(d.outside), "")] if d.scope == "process" else []) + (
+        [] if d.segments is None else [("segments", d.segments, "")]) + [
         ("largest free block", _size(d.largest_free_block), ""),
         ("device total", _size(d.total), ""),
         ("device free", _size(d.free), ""),

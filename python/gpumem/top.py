@@ -198,7 +198,8 @@ def _row(gpu, pid, entry, device, used, in_nvml: bool, warn_at: float, proc: str
     user = _proc.user_of(pid, proc) if pid is not None else None
     if user is None and entry is not None:
         user = _proc.user_name(entry.uid)  # the file's owner
-    share = device["reserved"] / device["limit"] if device and device["limit"] else None
+    # Under a limit on the whole process the share is of what the limit measures: reserved + outside.
+    share = (device["reserved"] + device["outside"]) / device["limit"] if device and device["limit"] else None
     return Row(gpu=gpu, pid=pid, own_pid=entry.pid if entry and entry.pid != pid else None, user=user,
                job=entry.job if entry else None, command=_proc.command_of(pid, proc) if pid is not None else None,
                used=used, figures=device, in_nvml=in_nvml, share=share, past=share is not None and share >= warn_at)
@@ -255,6 +256,8 @@ def _note(row: Row) -> str:
         notes.append("not in NVML's list")
     if row.figures is not None and row.gpu is None:
         notes.append(f"its device {row.figures['index']}, GPU not identified")
+    if row.figures is not None and row.figures["scope"] == "process":
+        notes.append(f"limit on the whole process, {_size(row.figures['outside'])} outside gpumem")
     return "; ".join(notes)
 
 
@@ -326,4 +329,5 @@ def _figures_document(row: Row) -> dict:
             "no_limit": f["device_total"] is not None and f["limit"] >= f["device_total"],
             "allocated_bytes": f["allocated"], "allocated_peak_bytes": f["allocated_peak"],
             "reserved_bytes": f["reserved"], "reserved_peak_bytes": f["reserved_peak"], "ooms": dict(f["ooms"]),
+            "scope": f["scope"], "outside_bytes": f["outside"],
             "share_of_limit": row.share, "past_warn_at": row.past}

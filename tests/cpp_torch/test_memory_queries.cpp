@@ -124,3 +124,18 @@ TEST_CASE("getBaseAllocation of memory gpumem did not hand out is a c10 error", 
   std::size_t size = 0;
   REQUIRE_THROWS_WITH(sim.adapter.getBaseAllocation(&other, &size), Catch::Contains("not in memory gpumem handed out"));
 }
+
+TEST_CASE("under a limit on the whole process the adapter measures what is outside, and free leaves it out",
+          "[torch][cache][scope]") {
+  SimAdapter sim(1 * GiB);
+  sim.backend.set_use_outside(0, 64 * MiB);
+  sim.core_device().set_limit(std::string_view("256MB"));
+  sim.core_device().set_scope(LimitScope::kProcess);
+  c10::DataPtr live = sim.adapter.allocate(100 * MiB);
+  REQUIRE(sim.core_device().outside() == 64 * MiB);  // through the adapter's backend
+  REQUIRE(sim.core_device().outside_source() == OutsideSource::kProcessAccounting);
+  const auto [free, total] = sim.adapter.getMemoryInfo(0);
+  REQUIRE(total == 256 * MiB);
+  REQUIRE(free == 256 * MiB - sim.reserved() - 64 * MiB);
+  REQUIRE_THROWS_AS(sim.adapter.allocate(120 * MiB), c10::OutOfMemoryError);  // 100 + 120 + 64 > 256
+}

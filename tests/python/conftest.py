@@ -90,5 +90,7 @@ def run_python():
 
 
 def _environment_without_gpumem_settings() -> dict:
-    # A GPUMEM_LIMIT or GPUMEM_SEGMENTS in the caller's shell must not change what a test sets up.
-    return {name: value for name, value in os.environ.items() if name not in ("GPUMEM_LIMIT", "GPUMEM_SEGMENTS")}
+    # A GPUMEM_LIMIT, GPUMEM_SEGMENTS or GPUMEM_SCOPE in the caller's shell must not change what a
+    # test sets up.
+    return {name: value for name, value in os.environ.items()
+            if name not in ("GPUMEM_LIMIT", "GPUMEM_SEGMENTS", "GPUMEM_SCOPE")}

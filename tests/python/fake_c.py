@@ -34,7 +34,8 @@ class FakeC:
         self.install_args: list[tuple] = []
         self.device_count_calls = 0
         self.settings_changes: list[tuple] = []
-        self._pending = None  # (GPUMEM_LIMIT text, growable) until a device is first used
+        self._pending = None  # (GPUMEM_LIMIT text, growable, scope) until a device is first used
+        self.install_scope = None
         self.release_thresholds = [0.0] * len(totals)
         self.peak_resets: list[int] = []
 
@@ -52,11 +53,12 @@ class FakeC:
 
     # ---- the _C interface -----------------------------------------------------------------------
 
-    def install(self, limits=None, growable=None) -> None:
+    def install(self, limits=None, growable=None, scope=None) -> None:
         # As the compiled layer: settings are kept, and applied when a device is first used.
         if not self.installed:
-            self._pending = (limits, growable)
+            self._pending = (limits, growable, scope)
             self.install_args.append((limits, growable))
+            self.install_scope = scope
         self.installed = True
         self.install_calls += 1
 
@@ -102,6 +104,15 @@ class FakeC:
 
     def set_growable(self, device: int, on: bool) -> None:
         self._sim(device).set_growable(0, on)
+
+    def set_scope(self, device: int, scope: str) -> None:
+        self._sim(device).set_scope(0, scope)
+
+    def get_scope(self, device: int) -> str:
+        return self._sim(device).get_scope(0)
+
+    def outside(self, device: int) -> int:
+        return self._sim(device).outside(0)
 
     def get_growable(self, device: int) -> bool:
         return self._sim(device).growable(0)
@@ -150,7 +161,7 @@ class FakeC:
         raises, nothing changed and it runs again at the next use."""
         if self._pending is None:
             return
-        text, growable = self._pending
+        text, growable, scope = self._pending
         limits = self.resolve_limit_text(text, self.totals) if text is not None else [None] * len(self.sims)
         self._pending = None
         for sim, nbytes in zip(self.sims, limits):
@@ -158,6 +169,8 @@ class FakeC:
                 sim.set_limit_bytes(0, nbytes)
             if growable is not None:
                 sim.set_growable(0, growable)
+            if scope is not None:
+                sim.set_scope(0, scope)
 
 
 def use_fake_c(monkeypatch, fake: FakeC) -> None:
@@ -169,6 +182,7 @@ def use_fake_c(monkeypatch, fake: FakeC) -> None:
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.delenv("GPUMEM_LIMIT", raising=False)
     monkeypatch.delenv("GPUMEM_SEGMENTS", raising=False)
+    monkeypatch.delenv("GPUMEM_SCOPE", raising=False)
     monkeypatch.delenv("GPUMEM_MEM_INFO", raising=False)
     # What installing wraps in torch is put back after the test, and wrapped afresh in the next.
     from gpumem import _torch_hooks

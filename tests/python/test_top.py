@@ -55,12 +55,17 @@ def identity(pid: int | None = None, job: str = "bert", **changes) -> dict:
     return {**found, **changes}
 
 
-def published(run_dir, reserved: int, limit: int = 2 * GiB, uuid: str | None = UUID, **who) -> publish.Publisher:
+def published(run_dir, reserved: int, limit: int = 2 * GiB, uuid: str | None = UUID, outside: int | None = None,
+              **who) -> publish.Publisher:
     """A process's file, written by a Publisher over a simulated device holding `reserved` bytes
-    (a multiple of 2 MiB) under `limit`."""
+    (a multiple of 2 MiB) under `limit`; with `outside`, a limit on the whole process, which holds
+    that much more outside gpumem."""
     sim = _C.SimAllocator(8 * GiB)
     sim.set_limit_bytes(0, limit)
     sim.set_growable(0, False)
+    if outside is not None:
+        sim.set_use_outside(0, outside)
+        sim.set_scope(0, "process")
     sim.malloc(0, reserved)
     publisher = publish.Publisher(run_dir, source=sim, identity=identity(**who), uuid_of=lambda device: uuid)
     assert publisher.step()
@@ -226,8 +231,27 @@ class FixedTotal:
     def get_limit(self, device):
         return self.sim.get_limit(device)
 
+    def get_scope(self, device):
+        return self.sim.get_scope(device)
+
+    def outside(self, device):
+        return self.sim.outside(device)
+
     def device_total(self, device):
         return self.total
+
+
+def test_a_limit_on_the_whole_process_is_shown_with_what_is_outside_and_counted_in_the_share(
+        run_dir, monkeypatch, capsys):
+    published(run_dir, reserved=1 * GiB, limit=2 * GiB, outside=800 * MiB)
+    nvml = gpu(0, processes={os.getpid(): 1 * GiB + 800 * MiB})
+    document = json_of(run_dir, nvml, monkeypatch=monkeypatch, capsys=capsys)
+    [ours] = [p for p in document["processes"] if p["pid"] == os.getpid()]
+    assert ours["gpumem"]["scope"] == "process" and ours["gpumem"]["outside_bytes"] == 800 * MiB
+    assert ours["gpumem"]["share_of_limit"] == pytest.approx((1 * GiB + 800 * MiB) / (2 * GiB))
+    assert ours["gpumem"]["past_warn_at"] is True  # 89% of the limit; reserved alone is 50%
+    row = row_of(table_of(run_dir, nvml, monkeypatch=monkeypatch, capsys=capsys), os.getpid())
+    assert row.endswith("limit on the whole process, 800.00 MiB outside gpumem")
 
 
 def test_a_published_process_that_nvml_does_not_list_is_shown_flagged(run_dir, monkeypatch, capsys):
