@@ -5,7 +5,9 @@
 // simulated (SimBackend) with a large capacity and no limit, and a warm-up pass runs first, so the
 // timed pairs are served from the cache; the share that still reached the backend is printed.
 //
-// An optional argument replaces the 1,000,000 pairs per run (a profiler wants fewer).
+// An optional argument replaces the 1,000,000 pairs per run (a profiler wants fewer); a second,
+// `one-thread`, runs the one-thread ring alone (tools/count_instructions.sh counts its instructions
+// per pair under callgrind, a figure the 2-core machines' noise does not move).
 //
 // Figures need a Release build with the invariant checker compiled out:
 //   cmake -S . -B build-rel -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUMEM_TESTS=OFF
@@ -20,6 +22,7 @@
 #include <ctime>
 #include <memory>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -66,8 +69,8 @@ class Ring {
     for (Block* b : blocks_) alloc_.free(b);
   }
 
-  // The CPU time the thread spent on `pairs` pairs.
-  double run(std::size_t pairs) {
+  // The CPU time the thread spent on `pairs` pairs. Never inlined: callgrind counts it by name.
+  [[gnu::noinline]] double run(std::size_t pairs) {
     const double start = thread_cpu_ns();
     for (std::size_t i = 0; i < pairs; ++i) {
       Block*& slot = blocks_[oldest_];
@@ -242,6 +245,7 @@ int main(int argc, char** argv) {
 #endif
   std::printf("\n");
   bench_one_thread();
+  if (argc > 2 && std::string(argv[2]) == "one-thread") return 0;
   bench_two_streams();
   bench_two_devices();
   return 0;

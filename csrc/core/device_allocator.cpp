@@ -76,7 +76,7 @@ DeviceAllocator::~DeviceAllocator() {
 // ---- malloc: the fallback chain ----
 
 Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size_t at_least) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   // While a graph may be capturing, event queries are illegal; blocks wait until it ends, or
   // until the capture graph shows they may be reused (core/capture_reuse.cpp).
   if (pool_targets_.empty()) {
@@ -117,10 +117,10 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
 }
 
 std::size_t DeviceAllocator::allocated_locked() const {
-  return static_cast<std::size_t>(stats_.allocated_bytes[kAll].current) + uncached_bytes_;
+  return static_cast<std::size_t>(stats_.allocated_bytes()) + uncached_bytes_;
 }
 
-Pool& DeviceAllocator::pool_for_locked(StreamId stream) {
+Pool& DeviceAllocator::targeted_pool_locked(StreamId stream) {
   for (auto it = pool_targets_.rbegin(); it != pool_targets_.rend(); ++it) {
     if (it->filter(stream)) return *it->pool;
   }
@@ -130,8 +130,7 @@ Pool& DeviceAllocator::pool_for_locked(StreamId stream) {
 Block* DeviceAllocator::try_cached(Pool& pool, bool small, StreamId stream, std::size_t size) {
   Block* block = pool.blocks_for(small).take_best_fit(stream, size);
   if (block && block->is_split()) {
-    decrease_stat(stats_.inactive_split, small, 1);
-    decrease_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(block->size));
+    stats_.absorb(small, block->size);
   }
   return block;
 }
@@ -154,8 +153,7 @@ Block* DeviceAllocator::reserve_segment(Pool& pool, bool small, StreamId stream,
   }
   Segment* segment = add_segment(pool, small, stream, reinterpret_cast<std::uintptr_t>(ptr), bytes);
   segment->mapped = bytes;
-  increase_stat(stats_.segment, small, 1);
-  increase_stat(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
+  stats_.reserve(small, bytes, 1);
   ++stats_.num_device_alloc;
   reserved_high_ = std::max(reserved_high_, cap_.reserved());
   return segment->head;
@@ -211,17 +209,11 @@ Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t reques
   if (should_split(block->size, size) && !block->segment->pool->no_split) {
     Block* rest = split_block(block, size, arena_);
     block->segment->pool->blocks_for(small).insert(rest);
-    increase_stat(stats_.inactive_split, small, 1);
-    increase_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(rest->size));
+    stats_.split(small, rest->size);
   }
   block->allocated = true;
   block->requested = requested;
-  const auto bytes = static_cast<std::int64_t>(block->size);
-  increase_stat(stats_.allocation, small, 1);
-  increase_stat(stats_.allocated_bytes, small, bytes);
-  increase_stat(stats_.active, small, 1);
-  increase_stat(stats_.active_bytes, small, bytes);
-  increase_stat(stats_.requested_bytes, small, static_cast<std::int64_t>(requested));
+  stats_.hand_out(small, block->size, requested);
   debug_check();
   return block;
 }
@@ -256,13 +248,11 @@ void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size) {
 // ---- free ----
 
 void DeviceAllocator::free(Block* block) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   if (!block->allocated) throw std::logic_error("gpumem: block freed twice or never allocated");
   const bool small = block->segment->small;
   block->allocated = false;
-  decrease_stat(stats_.allocation, small, 1);
-  decrease_stat(stats_.allocated_bytes, small, static_cast<std::int64_t>(block->size));
-  decrease_stat(stats_.requested_bytes, small, static_cast<std::int64_t>(block->requested));
+  stats_.release(small, block->size, block->requested);
   block->requested = 0;
   if (block->stream_uses.empty()) {
     free_block(block);
@@ -276,18 +266,11 @@ void DeviceAllocator::free(Block* block) {
 
 void DeviceAllocator::free_block(Block* block) {
   const bool small = block->segment->small;
-  decrease_stat(stats_.active, small, 1);
-  decrease_stat(stats_.active_bytes, small, static_cast<std::int64_t>(block->size));
+  stats_.retire(small, block->size);
   FreeBlocks& blocks = block->segment->pool->blocks_for(small);
   const Merge merge = merge_free_neighbours(block, blocks, arena_);
-  for (int i = 0; i < merge.absorbed_count; ++i) {
-    decrease_stat(stats_.inactive_split, small, 1);
-    decrease_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(merge.absorbed[i]));
-  }
-  if (merge.block->is_split()) {
-    increase_stat(stats_.inactive_split, small, 1);
-    increase_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(merge.block->size));
-  }
+  for (int i = 0; i < merge.absorbed_count; ++i) stats_.absorb(small, merge.absorbed[i]);
+  if (merge.block->is_split()) stats_.split(small, merge.block->size);
   blocks.insert(merge.block);
   // Usually neither holds, and the free ends here.
   const bool over_limit = cap_.reserved() > cap_.budget() && pool_targets_.empty();
@@ -304,7 +287,7 @@ void DeviceAllocator::give_back_over_limit() {
 }
 
 void DeviceAllocator::record_stream(Block* block, StreamId stream) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   if (stream == block->stream) return;
   auto& uses = block->stream_uses;
   if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
@@ -376,8 +359,7 @@ void DeviceAllocator::release_segment(Segment* segment) {
   segment->source->release(head->ptr(), segment->size);
   segment->pool->blocks_for(segment->small).erase(head);
   cap_.unreserve(segment->size);
-  decrease_stat(stats_.segment, segment->small, 1);
-  decrease_stat(stats_.reserved_bytes, segment->small, static_cast<std::int64_t>(segment->size));
+  stats_.unreserve(segment->small, segment->size, 1);
   ++stats_.num_device_free;
   --segment->pool->segments;
   arena_.recycle(head);
@@ -436,7 +418,7 @@ void DeviceAllocator::apply_release_threshold() {
 }
 
 void DeviceAllocator::empty_cache(PoolId id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   if (!id.is_default()) {
     empty_pool_cache(id);
   } else if (pool_targets_.empty()) {
@@ -458,13 +440,13 @@ void DeviceAllocator::set_limit(std::optional<std::size_t> limit) {
     throw LimitSpecError("gpumem: limit of " + format_bytes(*limit) + " is above device " + std::to_string(device_) +
                          "'s total of " + format_bytes(device_total_) + ". " + kLimitForms);
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   set_limit_locked(limit.value_or(device_total_));
 }
 
 void DeviceAllocator::set_limit(std::string_view spec) {
   const std::optional<std::size_t> limit = parse_limit(spec, device_total_);
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   set_limit_locked(limit.value_or(device_total_));
 }
 
@@ -520,7 +502,7 @@ void DeviceAllocator::measure_outside_locked() {
 }
 
 void DeviceAllocator::set_scope(LimitScope scope) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   scope_ = scope;
   if (scope == LimitScope::kAllocator) {
     cap_.set_outside(0);
@@ -534,7 +516,7 @@ void DeviceAllocator::set_scope(LimitScope scope) {
 }
 
 LimitScope DeviceAllocator::scope() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   return scope_;
 }
 
@@ -553,45 +535,45 @@ const char* outside_source_name(OutsideSource source) {
 
 void DeviceAllocator::set_release_threshold(double share) {
   check_release_threshold(share);
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   release_threshold_ = share;
   if (share > 0.0) apply_release_threshold();
 }
 
 void DeviceAllocator::watch_pressure(int slot, double share) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   cap_.watch_pressure(slot, share);
 }
 
 double DeviceAllocator::release_threshold() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   return release_threshold_;
 }
 
 void DeviceAllocator::set_growable(bool on) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   growable_ = on;
 }
 
 bool DeviceAllocator::growable() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   return growable_ && page_size_ > 0;
 }
 
 // ---- statistics and views ----
 
 DeviceStats DeviceAllocator::stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
+  std::lock_guard<Lock> lock(mutex_);
+  return stats_.snapshot();
 }
 
 void DeviceAllocator::reset_peak_stats() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   stats_.reset_peak();
 }
 
 void DeviceAllocator::reset_accumulated_stats() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   stats_.reset_accumulated();
 }
 
@@ -602,7 +584,7 @@ std::size_t DeviceAllocator::largest_free_block_locked() const {
 }
 
 std::size_t DeviceAllocator::largest_free_block() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   return largest_free_block_locked();
 }
 
@@ -620,7 +602,7 @@ BlockInfo info_of(const Block& b) {
 // A plain segment is one SegmentInfo; a growable one, one per mapped stretch, so the segments of a
 // snapshot add up to the reserved bytes.
 std::vector<SegmentInfo> DeviceAllocator::snapshot() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   std::vector<SegmentInfo> out;
   out.reserve(segments_.size());
   for (const auto& [addr, segment] : segments_) {
@@ -636,7 +618,7 @@ std::vector<SegmentInfo> DeviceAllocator::snapshot() const {
 
 std::optional<std::pair<std::uintptr_t, std::size_t>> DeviceAllocator::segment_of(const void* ptr) const {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   auto it = segments_.upper_bound(addr);
   if (it == segments_.begin()) return std::nullopt;
   const Segment& s = *std::prev(it)->second;
@@ -650,7 +632,7 @@ std::optional<std::pair<std::uintptr_t, std::size_t>> DeviceAllocator::segment_o
 }
 
 bool DeviceAllocator::heads_a_split(const Block* block) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   const bool starts = block->prev == nullptr || !block->prev->mapped;
   // Free mapped neighbours always merge, so a cached block right behind is the rest of a split.
   return starts && block->next != nullptr && block->next->is_cached();
@@ -659,7 +641,7 @@ bool DeviceAllocator::heads_a_split(const Block* block) const {
 // ---- invariants ----
 
 void DeviceAllocator::check_invariants() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<Lock> lock(mutex_);
   check_invariants_locked();
 }
 

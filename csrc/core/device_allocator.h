@@ -31,6 +31,7 @@
 #include "core/block.h"
 #include "core/block_pool.h"
 #include "core/cap.h"
+#include "core/lock.h"
 #include "core/errors.h"
 #include "core/segment_source.h"
 #include "core/stats.h"
@@ -215,7 +216,9 @@ class DeviceAllocator {
   }
   std::size_t allocated_locked() const;  // allocated blocks and uncached memory: what the cap is measured against
   void* reserve_uncached(std::size_t bytes);
-  Pool& pool_for_locked(StreamId stream);
+  // The pool a request on `stream` goes to: the default pool unless a pool target takes the stream.
+  Pool& pool_for_locked(StreamId stream) { return pool_targets_.empty() ? default_pool_ : targeted_pool_locked(stream); }
+  Pool& targeted_pool_locked(StreamId stream);
   Block* try_cached(Pool& pool, bool small, StreamId stream, std::size_t size);
   void measure_outside_locked();
   Block* try_new_segment(Pool& pool, bool small, StreamId stream, std::size_t size);
@@ -284,8 +287,8 @@ class DeviceAllocator {
   LimitScope scope_ = LimitScope::kAllocator;
   std::atomic<OutsideSource> outside_source_{OutsideSource::kNone};
   double release_threshold_;
-  mutable std::mutex mutex_;
-  DeviceStats stats_;
+  mutable Lock mutex_;
+  StatLedger stats_;
   BlockArena arena_;
   Pool default_pool_;
   std::map<PoolId, std::unique_ptr<Pool>> private_pools_;

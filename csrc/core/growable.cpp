@@ -109,7 +109,7 @@ Block* DeviceAllocator::reserve_growable(Pool& pool, bool small, StreamId stream
   segment->mapped = 0;
   segment->head->mapped = false;
   pool.unmapped_for(small).insert(segment->head);
-  increase_stat(stats_.segment, small, 1);
+  stats_.reserve(small, 0, 1);
   return segment->head;
 }
 
@@ -127,14 +127,11 @@ Block* DeviceAllocator::map_front(Block* unmapped, std::size_t size) {
   if (bytes < unmapped->size) unmapped_set.insert(split_block(unmapped, bytes, arena_));
   unmapped->mapped = true;
   segment.mapped += bytes;
-  increase_stat(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
+  stats_.reserve(small, bytes, 0);
   ++stats_.num_device_alloc;
   reserved_high_ = std::max(reserved_high_, cap_.reserved());
   const Merge merge = merge_free_neighbours(unmapped, segment.pool->blocks_for(small), arena_);
-  for (int i = 0; i < merge.absorbed_count; ++i) {
-    decrease_stat(stats_.inactive_split, small, 1);
-    decrease_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(merge.absorbed[i]));
-  }
+  for (int i = 0; i < merge.absorbed_count; ++i) stats_.absorb(small, merge.absorbed[i]);
   return merge.block;
 }
 
@@ -149,14 +146,13 @@ std::size_t DeviceAllocator::unmap_block(Block* block) {
   backend_.unmap(device_, reinterpret_cast<void*>(lo), hi - lo);
   cap_.unreserve(hi - lo);
   segment.mapped -= hi - lo;
-  decrease_stat(stats_.reserved_bytes, small, static_cast<std::int64_t>(hi - lo));
+  stats_.unreserve(small, hi - lo, 0);
   ++stats_.num_device_free;
 
   FreeBlocks& cached = segment.pool->blocks_for(small);
   cached.erase(block);
   if (block->is_split()) {
-    decrease_stat(stats_.inactive_split, small, 1);
-    decrease_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(block->size));
+    stats_.absorb(small, block->size);
   }
   Block* front = nullptr;
   Block* back = nullptr;
@@ -169,8 +165,7 @@ std::size_t DeviceAllocator::unmap_block(Block* block) {
   for (Block* remnant : {front, back}) {
     if (!remnant) continue;
     cached.insert(remnant);
-    increase_stat(stats_.inactive_split, small, 1);
-    increase_stat(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(remnant->size));
+    stats_.split(small, remnant->size);
   }
   middle->mapped = false;
   FreeBlocks& unmapped_set = segment.pool->unmapped_for(small);
@@ -259,7 +254,7 @@ void DeviceAllocator::release_growable(Segment* segment) {
   Block* head = segment->head;
   segment->pool->unmapped_for(segment->small).erase(head);
   backend_.release_address(device_, head->ptr(), segment->size);
-  decrease_stat(stats_.segment, segment->small, 1);
+  stats_.unreserve(segment->small, 0, 1);
   --segment->pool->segments;
   arena_.recycle(head);
   segments_.erase(segment->addr);

@@ -132,10 +132,11 @@ void DeviceAllocator::check_invariants_locked() const {
   };
   check_pool(default_pool_);
   for (const auto& [id, pool] : private_pools_) check_pool(*pool);
-#define GPUMEM_COMPARE(name, help) compare(device_, #name, stats_.name, r.stats.name);
+  const DeviceStats kept = stats_.snapshot();
+#define GPUMEM_COMPARE(name, help) compare(device_, #name, kept.name, r.stats.name);
   GPUMEM_STAT_ARRAYS(GPUMEM_COMPARE)
 #undef GPUMEM_COMPARE
-  if (cap_.reserved() != static_cast<std::size_t>(stats_.reserved_bytes[kAll].current) + uncached_bytes_) {
+  if (cap_.reserved() != static_cast<std::size_t>(stats_.reserved_bytes()) + uncached_bytes_) {
     broken(device_, "the cap's reserved bytes differ from the statistics and the uncached bytes", 0);
   }
   std::map<const Block*, int> events;

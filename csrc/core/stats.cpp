@@ -21,6 +21,50 @@ void DeviceStats::reset_accumulated() {
 #undef GPUMEM_RESET_COUNTER
 }
 
+StatArray StatLedger::Figure::read() const {
+  StatArray out;
+  out[kAll] = Stat{whole, whole_peak, increased[0] + increased[1], decreased[0] + decreased[1]};
+  out[kSmallPool] = Stat{current[0], peak[0], increased[0], decreased[0]};
+  out[kLargePool] = Stat{current[1], peak[1], increased[1], decreased[1]};
+  return out;
+}
+
+void StatLedger::Figure::reset_peak() {
+  peak[0] = current[0];
+  peak[1] = current[1];
+  whole_peak = whole;
+}
+
+void StatLedger::Figure::reset_accumulated() {
+  increased[0] = increased[1] = decreased[0] = decreased[1] = 0;
+}
+
+DeviceStats StatLedger::snapshot() const {
+  DeviceStats out;
+#define GPUMEM_READ_FIGURE(name, help) out.name = name##_.read();
+  GPUMEM_STAT_ARRAYS(GPUMEM_READ_FIGURE)
+#undef GPUMEM_READ_FIGURE
+#define GPUMEM_READ_COUNTER(name, help) out.name = name;
+  GPUMEM_STAT_COUNTERS(GPUMEM_READ_COUNTER)
+#undef GPUMEM_READ_COUNTER
+  return out;
+}
+
+void StatLedger::reset_peak() {
+#define GPUMEM_RESET_FIGURE_PEAK(name, help) name##_.reset_peak();
+  GPUMEM_STAT_ARRAYS(GPUMEM_RESET_FIGURE_PEAK)
+#undef GPUMEM_RESET_FIGURE_PEAK
+}
+
+void StatLedger::reset_accumulated() {
+#define GPUMEM_RESET_FIGURE_ACC(name, help) name##_.reset_accumulated();
+  GPUMEM_STAT_ARRAYS(GPUMEM_RESET_FIGURE_ACC)
+#undef GPUMEM_RESET_FIGURE_ACC
+#define GPUMEM_RESET_LEDGER_COUNTER(name, help) name = 0;
+  GPUMEM_STAT_COUNTERS(GPUMEM_RESET_LEDGER_COUNTER)
+#undef GPUMEM_RESET_LEDGER_COUNTER
+}
+
 namespace {
 
 void flatten_array(std::vector<StatEntry>& out, const char* name, const StatArray& array) {

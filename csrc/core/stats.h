@@ -14,6 +14,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -90,6 +91,108 @@ inline void decrease_stat(StatArray& stat, bool small_pool, std::int64_t amount)
   stat[kAll].decrease(amount);
   stat[small_pool ? kSmallPool : kLargePool].decrease(amount);
 }
+
+// The statistics as a device allocator keeps them: changed only through the named events below,
+// each of which moves every figure it concerns at once, and read as a DeviceStats (snapshot()).
+//
+// Kept compact for the cached path, where a malloc+free pair is a hand_out, a release, a retire
+// and a few split/absorb events: per figure, the current value, peak and accumulated increases
+// and decreases of each pool, and the whole's current and peak; the whole's accumulated figures
+// are the sums of the pools' (exactly what native keeps, summed where it is read). One branch per
+// event picks the pool. The counters (num_*) are plain fields, as in DeviceStats.
+class StatLedger {
+ public:
+  // A block handed out to a caller: allocated and active; `requested` bytes asked for.
+  void hand_out(bool small, std::size_t size, std::size_t requested) {
+    const int t = pool(small);
+    const auto bytes = static_cast<std::int64_t>(size);
+    allocation_.increase(t, 1);
+    allocated_bytes_.increase(t, bytes);
+    active_.increase(t, 1);
+    active_bytes_.increase(t, bytes);
+    requested_bytes_.increase(t, static_cast<std::int64_t>(requested));
+  }
+  // The caller freed it: no longer allocated; it stays active until retire() (a stream may use it).
+  void release(bool small, std::size_t size, std::size_t requested) {
+    const int t = pool(small);
+    allocation_.decrease(t, 1);
+    allocated_bytes_.decrease(t, static_cast<std::int64_t>(size));
+    requested_bytes_.decrease(t, static_cast<std::int64_t>(requested));
+  }
+  // A freed block no stream uses any more: no longer active.
+  void retire(bool small, std::size_t size) {
+    const int t = pool(small);
+    active_.decrease(t, 1);
+    active_bytes_.decrease(t, static_cast<std::int64_t>(size));
+  }
+  // A free block that shares its segment with other blocks appeared (a split's rest, a merge that
+  // leaves a part of a segment), or one went away (handed out, absorbed by a merge, unmapped).
+  void split(bool small, std::size_t size) {
+    const int t = pool(small);
+    inactive_split_.increase(t, 1);
+    inactive_split_bytes_.increase(t, static_cast<std::int64_t>(size));
+  }
+  void absorb(bool small, std::size_t size) {
+    const int t = pool(small);
+    inactive_split_.decrease(t, 1);
+    inactive_split_bytes_.decrease(t, static_cast<std::int64_t>(size));
+  }
+  // Memory obtained from the device, or given back to it: `bytes`, in `segments` new or whole
+  // segments (0 for pages mapped into, or unmapped from, a growable segment that stays).
+  void reserve(bool small, std::size_t bytes, int segments) {
+    const int t = pool(small);
+    if (segments > 0) segment_.increase(t, segments);
+    if (bytes > 0) reserved_bytes_.increase(t, static_cast<std::int64_t>(bytes));
+  }
+  void unreserve(bool small, std::size_t bytes, int segments) {
+    const int t = pool(small);
+    if (segments > 0) segment_.decrease(t, segments);
+    if (bytes > 0) reserved_bytes_.decrease(t, static_cast<std::int64_t>(bytes));
+  }
+
+  std::int64_t allocated_bytes() const { return allocated_bytes_.whole; }  // all pools, now
+  std::int64_t reserved_bytes() const { return reserved_bytes_.whole; }
+
+  DeviceStats snapshot() const;
+  void reset_peak();
+  void reset_accumulated();  // the accumulated figures and the counters
+
+#define GPUMEM_DECLARE_COUNTER(name, help) std::int64_t name = 0;
+  GPUMEM_STAT_COUNTERS(GPUMEM_DECLARE_COUNTER)
+#undef GPUMEM_DECLARE_COUNTER
+
+ private:
+  // One figure: per pool (0 small, 1 large) and for the whole.
+  struct Figure {
+    std::int64_t current[2] = {0, 0};
+    std::int64_t peak[2] = {0, 0};
+    std::int64_t increased[2] = {0, 0};
+    std::int64_t decreased[2] = {0, 0};
+    std::int64_t whole = 0;
+    std::int64_t whole_peak = 0;
+
+    void increase(int t, std::int64_t amount) {
+      current[t] += amount;
+      peak[t] = current[t] > peak[t] ? current[t] : peak[t];
+      increased[t] += amount;
+      whole += amount;
+      whole_peak = whole > whole_peak ? whole : whole_peak;
+    }
+    void decrease(int t, std::int64_t amount) {
+      current[t] -= amount;
+      decreased[t] += amount;
+      whole -= amount;
+    }
+    StatArray read() const;
+    void reset_peak();
+    void reset_accumulated();
+  };
+  static int pool(bool small) { return small ? 0 : 1; }
+
+#define GPUMEM_DECLARE_FIGURE(name, help) Figure name##_;
+  GPUMEM_STAT_ARRAYS(GPUMEM_DECLARE_FIGURE)
+#undef GPUMEM_DECLARE_FIGURE
+};
 
 // Flat view: ("allocated_bytes.all.current", value) ... then ("num_ooms", value) ...
 using StatEntry = std::pair<std::string, std::int64_t>;

@@ -258,6 +258,8 @@ void bind_process_allocator(py::module_& m) {
         py::arg("device"));
   m.def("outside", [core](int device) { return core().device(device).outside(); }, py::arg("device"),
         "Under a limit on the whole process: its memory on the device outside gpumem, as last measured.");
+  m.def("outside_source", [core](int device) { return outside_source_name(core().device(device).outside_source()); },
+        py::arg("device"), "Where outside() was measured from: \"process accounting\", \"device at first use\" or \"none\".");
   m.def("set_release_threshold", [core](int device, double share) { core().device(device).set_release_threshold(share); },
         py::arg("device"), py::arg("share"));
   m.def("get_release_threshold", [core](int device) { return core().device(device).release_threshold(); },
@@ -331,6 +333,9 @@ void bind_sim_allocator(py::module_& m) {
       .def("get_scope", [](SimAllocator& s, int device) { return limit_scope_name(s.device(device).scope()); },
            py::arg("device"))
       .def("outside", [](SimAllocator& s, int device) { return s.device(device).outside(); }, py::arg("device"))
+      .def("outside_source", [](SimAllocator& s, int device) {
+        return outside_source_name(s.device(device).outside_source());
+      }, py::arg("device"))
       .def("set_use_outside", [](SimAllocator& s, int device, std::size_t process, std::size_t others) {
         s.backend().set_use_outside(device, process, others);
       }, py::arg("device"), py::arg("process"), py::arg("others") = 0,

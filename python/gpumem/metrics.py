@@ -54,7 +54,8 @@ METRICS = (
      "outside gpumem under a limit on the whole process), 0 above a lowered limit.", None),
     ("gpumem_process_outside_bytes", "gauge",
      "Under a limit on the whole process: the process's device memory outside gpumem (CUDA context, "
-     "libraries), as last measured and counted against the limit.", None),
+     "libraries), as last measured and counted against the limit; source: where it was measured from "
+     "(process accounting, or the device at first use).", "source"),
     ("gpumem_outside_bytes", "gauge",
      "Device memory in use that gpumem did not reserve (other processes, CUDA contexts, other allocators): "
      "device total - device free - reserved, from cudaMemGetInfo.", None),
@@ -136,7 +137,7 @@ def _device_samples(figures: dict):
     yield "gpumem_counted_bytes", reserved + outside, ()
     yield "gpumem_free_under_limit_bytes", max(limit - reserved - outside, 0), ()
     if process_scope and figures.get("outside_source") != "none":
-        yield "gpumem_process_outside_bytes", outside, ()
+        yield "gpumem_process_outside_bytes", outside, (figures["outside_source"],)
     if figures["device_free"] is not None:
         used = figures["device_total"] - figures["device_free"]
         yield "gpumem_outside_bytes", max(used - reserved, 0), ()

@@ -38,6 +38,7 @@ class DeviceReport:
     segments: Optional[str] = None  # the segment kind in effect: "growable" or "plain"
     scope: Optional[str] = None  # what the limit bounds: "allocator" or "process" (gpumem.set_limit)
     outside: Optional[int] = None  # under "process": the memory outside gpumem counted against the limit
+    outside_source: Optional[str] = None  # where `outside` was measured from (docs/usage.md)
 
     def stat(self, key: str) -> int:
         return int(self.stats.get(key, 0))
@@ -69,7 +70,7 @@ class Report:
     def from_stats(cls, per_device: Union[Mapping[int, Mapping], Sequence[Mapping]],
                    title: str = "gpumem memory report") -> "Report":
         """From {device: {"stats": {...}, "limit", "total", "free", "largest_free_block",
-        "timeline", "segments", "scope", "outside"}} (or a list by device index); every key but "stats" is optional."""
+        "timeline", "segments", "scope", "outside", "outside_source"}} (or a list by device index); every key but "stats" is optional."""
         items = per_device.items() if isinstance(per_device, Mapping) else enumerate(per_device)
         devices = []
         for device, values in items:
@@ -81,6 +82,7 @@ class Report:
                 limit=values.get("limit"),
                 scope=values.get("scope"),
                 outside=values.get("outside"),
+                outside_source=values.get("outside_source"),
                 total=values.get("total"),
                 free=values.get("free"),
                 largest_free_block=values.get("largest_free_block"),
@@ -106,6 +108,7 @@ class Report:
             "segments": _segments.kind(sim.growable(d)),
             "scope": sim.get_scope(d),
             "outside": sim.outside(d),
+            "outside_source": sim.outside_source(d),
         } for d in indices}, title)
 
     # ---- rendering ----------------------------------------------------------------------------
@@ -181,7 +184,7 @@ def collect(device=None) -> Report:
         per_device[d] = {"stats": _C.stats(d), "limit": _C.get_limit(d), "total": total, "free": free,
                          "largest_free_block": _C.largest_free_block(d), "timeline": timeline.points(d),
                          "segments": _segments.kind(_C.get_growable(d)), "scope": _C.get_scope(d),
-                         "outside": _C.outside(d)}
+                         "outside": _C.outside(d), "outside_source": _C.outside_source(d)}
     return Report.from_stats(per_device)
 
 
@@ -201,7 +204,7 @@ def _rows(d: DeviceReport) -> list[tuple[str, str, str]]:
         ("inactive split", _size(d.stat("inactive_split_bytes.all.current")),
          _size(d.stat("inactive_split_bytes.all.peak"))),
         ("limit, whole process" if d.scope == "process" else "limit", _size(d.limit), ""),
-    ] + ([("outside gpumem, counted", _size(d.outside), "")] if d.scope == "process" else []) + (
+    ] + ([("outside gpumem, counted", _size(d.outside), d.outside_source or "")] if d.scope == "process" else []) + (
         [] if d.segments is None else [("segments", d.segments, "")]) + [
         ("largest free block", _size(d.largest_free_block), ""),
         ("device total", _size(d.total), ""),

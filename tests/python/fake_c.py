@@ -114,6 +114,9 @@ class FakeC:
     def outside(self, device: int) -> int:
         return self._sim(device).outside(0)
 
+    def outside_source(self, device: int) -> str:
+        return self._sim(device).outside_source(0)
+
     def get_growable(self, device: int) -> bool:
         return self._sim(device).growable(0)
 

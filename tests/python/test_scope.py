@@ -100,8 +100,12 @@ def samples(sim) -> dict:
 
 
 def test_metrics_count_the_memory_outside_under_the_process_scope():
-    figures = samples(process_scoped_sim(1536 * MiB))
+    sim = process_scoped_sim(1536 * MiB)
+    figures = samples(sim)
     assert figures["gpumem_process_outside_bytes"] == 1536 * MiB
+    [labels] = [extra for name, _, extra in metrics._device_samples(sim.device_figures(0))
+                if name == "gpumem_process_outside_bytes"]
+    assert labels == ("process accounting",)
     assert figures["gpumem_counted_bytes"] == figures["gpumem_reserved_bytes"] + 1536 * MiB
     assert figures["gpumem_free_under_limit_bytes"] == 4 * GiB - figures["gpumem_counted_bytes"]
 
@@ -145,7 +149,7 @@ def test_the_report_says_the_limit_is_on_the_whole_process_and_what_it_counts_ou
 
     text = str(Report.from_sim(process_scoped_sim(1536 * MiB), total=8 * GiB))
     assert "  limit, whole process     4.00 GiB\n" in text
-    assert "  outside gpumem, counted  1.50 GiB\n" in text
+    assert "  outside gpumem, counted  1.50 GiB  process accounting\n" in text
     sim = _C.SimAllocator(8 * GiB)
     sim.malloc(0, 1 * GiB)
     assert "whole process" not in str(Report.from_sim(sim, total=8 * GiB))

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Instructions per malloc+free pair on bench_core's one-thread ring (the cached path), counted by
+# callgrind: deterministic, so it serves where the machines are too noisy for nanoseconds. The
+# count is of Ring::run, inclusive: the allocator's malloc and free plus the ring's few
+# instructions of bookkeeping per pair. Builds a Release bench_core without the invariant checker
+# in build/bench. Usage: tools/count_instructions.sh [pairs per run, default 20000]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pairs=${1:-20000}
+cmake -S . -B build/bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUMEM_TESTS=OFF -DGPUMEM_CHECK_INVARIANTS=OFF >/dev/null
+ninja -C build/bench bench_core >/dev/null
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+valgrind --tool=callgrind --collect-atstart=no "--toggle-collect=*Ring::run*" \
+  --callgrind-out-file="$out/cg" build/bench/bench_core "$pairs" one-thread >"$out/log" 2>&1
+total=$(callgrind_annotate "$out/cg" | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+# run() is called once for the warm-up and kRuns (5) times measured, each with `pairs` pairs.
+calls=6
+echo "bench_core one-thread ring: $total instructions in $((calls * pairs)) malloc+free pairs:" \
+  "$(awk -v t="$total" -v n="$((calls * pairs))" 'BEGIN { printf "%.0f", t / n }') per pair"
