@@ -147,4 +147,11 @@ Block* CachingAllocator::find_raw(void* ptr) const {
   return it == s.blocks.end() ? nullptr : it->second;
 }
 
+bool CachingAllocator::raw_record_stream(void* ptr, StreamId stream) {
+  Block* block = find_raw(ptr);
+  if (!block) return false;
+  record_stream(block, stream);
+  return true;
+}
+
 }  // namespace gpumem

@@ -63,12 +63,22 @@ class CachingAllocator {
   Block* malloc(int device, std::size_t size, StreamId stream, std::size_t at_least = 0) {
     return this->device(device).malloc(size, stream, at_least);
   }
+  // What a block from malloc() is for its caller: freed, used on another stream, where it lives.
   static void free(Block* block) { block->segment->owner->free(block); }
+  static void record_stream(Block* block, StreamId stream) { block->segment->owner->record_stream(block, stream); }
+  static int device_of(const Block* block) { return block->segment->owner->device(); }
+  static PoolId pool_of(const Block* block) { return block->segment->pool->id; }
+  static const DeviceAllocator* allocator_of(const Block* block) { return block->segment->owner; }
+  // Whether handing out `block` split the block that headed its segment (DeviceAllocator::heads_a_split).
+  static bool heads_a_split(const Block* block) { return block->segment->owner->heads_a_split(block); }
 
   // By address. raw_free of an address raw_alloc did not return throws std::invalid_argument.
   void* raw_alloc(int device, std::size_t size, StreamId stream, std::size_t at_least = 0);
   void raw_free(void* ptr);
   Block* find_raw(void* ptr) const;
+  // `stream` also uses the memory at `ptr`, from raw_alloc; false (nothing changes) if raw_alloc
+  // did not return it.
+  bool raw_record_stream(void* ptr, StreamId stream);
   // Takes `ptr` out of the raw table and returns its block (still allocated), or nullptr.
   Block* take_raw(void* ptr);
 

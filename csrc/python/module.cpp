@@ -20,6 +20,7 @@
 #include "backends/sim_backend.h"
 #include "core/caching_allocator.h"
 #include "core/errors.h"
+#include "core/sizing.h"
 #include "core/limit_spec.h"
 #include "core/pressure.h"
 #include "torch/install.h"
@@ -150,9 +151,9 @@ class SimAllocator {
   }
   void free(std::uintptr_t addr) { core_.raw_free(reinterpret_cast<void*>(addr)); }
   void record_stream(std::uintptr_t addr, StreamId stream) {
-    Block* block = core_.find_raw(reinterpret_cast<void*>(addr));
-    if (!block) throw std::invalid_argument("gpumem: record_stream of an address malloc did not return");
-    block->segment->owner->record_stream(block, stream);
+    if (!core_.raw_record_stream(reinterpret_cast<void*>(addr), stream)) {
+      throw std::invalid_argument("gpumem: record_stream of an address malloc did not return");
+    }
   }
   DeviceAllocator& device(int index) { return core_.device(index); }
   CachingAllocator& core() { return core_; }
@@ -230,6 +231,9 @@ void bind_limits(py::module_& m) {
     return out;
   }, py::arg("text"), "GPUMEM_LIMIT's entries as (device, spec); device -1 means every device.");
   m.def("format_bytes", &format_bytes, py::arg("n"));
+  m.def("block_size", [](std::size_t requested) { return round_size(requested); }, py::arg("requested"),
+        "The block a request of `requested` bytes takes (core/sizing.h): at least 512 bytes, a multiple of 512.");
+  m.attr("MIN_BLOCK_SIZE") = kMinBlockSize;
   m.def("resolve_limit_text", &resolve_limit_text, py::arg("text"), py::arg("totals"),
         "GPUMEM_LIMIT's bytes for devices of these totals (None: no limit), as applied at first use; "
         "ValueError naming GPUMEM_LIMIT if it does not fit them.");

@@ -19,7 +19,7 @@ std::vector<TorchAllocator*>& adapters() {
   return *list;
 }
 
-bool in_private_pool(const Block* block) { return !block->segment->pool->id.is_default(); }
+bool in_private_pool(const Block* block) { return !CachingAllocator::pool_of(block).is_default(); }
 
 // A DataPtr's context (see allocator.h): the Block* for the default pool; the address with tag 1
 // for a private pool, with tag 2 for memory handed out while caching is off. Block objects are
@@ -69,7 +69,7 @@ Block* TorchAllocator::take_pool_block(std::uintptr_t addr, TorchAllocator** own
 }
 
 TorchAllocator& TorchAllocator::owner_of(const Block* block) {
-  const gpumem::DeviceAllocator* owner = block->segment->owner;
+  const gpumem::DeviceAllocator* owner = CachingAllocator::allocator_of(block);
   const int device = owner->device();
   std::lock_guard<std::mutex> lock(adapters_mutex());
   for (TorchAllocator* adapter : adapters()) {
@@ -133,11 +133,11 @@ Block* TorchAllocator::malloc_recorded(int device, size_t size, StreamId stream,
                  : core_.malloc(device, size, stream, rounded);
     });
   }
-  const PoolId pool = block->segment->pool->id;
+  const PoolId pool = CachingAllocator::pool_of(block);
   if (!raw && !pool.is_default()) pool_blocks_.add(device, block);
   // As native, where a segment's stack rides on the block heading it and a block split off the
   // front starts without one: once its head is split for a request, a segment shows no stack.
-  if (block->segment->owner->heads_a_split(block)) history_.forget(History::kSegments, device, block->addr);
+  if (CachingAllocator::heads_a_split(block)) history_.forget(History::kSegments, device, block->addr);
   history_.remember(History::kBlocks, device, block->addr, context);
   record(History::Action::ALLOC, device, block->ptr(), size, block->stream, pool, std::move(context));
   return block;
@@ -202,7 +202,7 @@ void TorchAllocator::free_uncached_address(void* ptr) {
 }
 
 void TorchAllocator::free_recorded(Block* block) {
-  const int device = block->segment->owner->device();
+  const int device = CachingAllocator::device_of(block);
   void* const ptr = block->ptr();
   const auto size = static_cast<std::int64_t>(block->size);
   std::optional<TracingBackend::Request> request;
@@ -215,7 +215,7 @@ void TorchAllocator::free_recorded(Block* block) {
 // The free entries of `block`, with the freeing stack where recording keeps it (ALL), else the
 // allocating one, as native; returns the freeing stack for the segment entries the free causes.
 History::Context TorchAllocator::record_free(int device, const Block* block) {
-  const PoolId pool = block->segment->pool->id;
+  const PoolId pool = CachingAllocator::pool_of(block);
   History::Context freeing = history_.gather(History::RecordContext::ALL);
   History::Context allocating = history_.forget(History::kBlocks, device, block->addr);
   const History::Context& context = freeing ? freeing : allocating;
@@ -299,7 +299,7 @@ void TorchAllocator::record_stream(const DataPtr& ptr, StreamId stream) {
     block = pool_blocks_.find_any(address_in(block));
     TORCH_CHECK(block, "gpumem: record_stream on a tensor whose memory at ", ptr.get(), " was already freed");
   }
-  with_c10_errors([&] { block->segment->owner->record_stream(block, stream); });
+  with_c10_errors([&] { CachingAllocator::record_stream(block, stream); });
 }
 
 // ---- lifecycle and observers ----

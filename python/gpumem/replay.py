@@ -40,9 +40,10 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from gpumem import _C, _segments
+from gpumem._words import shown
 from gpumem.snapshot_file import Segment, Snapshot, Source, load
 
-MIN_BLOCK = 512
+MIN_BLOCK = _C.MIN_BLOCK_SIZE
 MiB = 1 << 20
 PAGE_SIZE = 2 * MiB  # the simulated device's mapping granularity for growable segments
 MAX_TIMELINE_POINTS = 5000
@@ -55,8 +56,8 @@ _HUGE_TOTALS = (1 << 62, 1 << 61)
 
 
 def block_size(size: int) -> int:
-    """The block a request of `size` bytes takes: at least 512 bytes, a multiple of 512."""
-    return max(MIN_BLOCK, -(-size // MIN_BLOCK) * MIN_BLOCK)
+    """The block a request of `size` bytes takes, by the allocator's own rule (_C.block_size)."""
+    return _C.block_size(size)
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,11 @@ def min_limit(snapshot: Union[Snapshot, Source], precision: int = MiB, device: O
     to a multiple of 512 bytes; `peak_allocated` is the trace's (see Note [peak allocated]).
     `segments` is "growable" or "plain" (see Note [segments]).
     """
-    if precision <= 0:
-        raise ValueError(f"gpumem: precision {precision} is not a positive number of bytes")
+    if isinstance(precision, bool) or not isinstance(precision, int):
+        raise TypeError(f"gpumem: precision {shown(precision)} is not an int number of bytes")
+    if not 0 < precision <= _C.SIM_MAX_CAPACITY:
+        raise ValueError(f"gpumem: precision {shown(precision)} is not a number of bytes from 1 to the largest "
+                         f"simulated device's {_C.SIM_MAX_CAPACITY}")
     precision = block_size(precision)
     growable = _segments.growable(segments)
     plan = _Plan.of(_loaded(snapshot), device)

@@ -135,13 +135,23 @@ TEST_CASE("recordStream takes torch's CUDAStream", "[torch][streams]") {
   REQUIRE(block->stream_uses == std::vector<StreamId>{0x7000});
 }
 
-TEST_CASE("recordStream ignores DataPtrs that gpumem did not make", "[torch][streams]") {
+TEST_CASE("recordStream on a DataPtr gpumem did not make, or an empty one, records no stream use anywhere",
+          "[torch][streams]") {
   SimAdapter sim;
+  c10::DataPtr mine = sim.adapter.allocate(4 * MiB);
+  const auto* block = static_cast<const Block*>(mine.get_context());
+  c10::DataPtr empty = sim.adapter.allocate(0);
+  const auto before = flatten(sim.core_device().stats());
   int other_memory = 0;
   c10::DataPtr foreign(&other_memory, c10::Device(c10::DeviceType::CUDA, 0));
   sim.adapter.record_stream(foreign, 7);
-  c10::DataPtr empty = sim.adapter.allocate(0);
   sim.adapter.record_stream(empty, 7);
+  REQUIRE(block->stream_uses.empty());
+  REQUIRE(flatten(sim.core_device().stats()) == before);
+  // Freed, gpumem's block waits for no stream: no event was recorded for it.
+  mine.clear();
+  REQUIRE(sim.backend.ledger(0).live_events == 0);
+  REQUIRE(sim.core_device().stats().active_bytes[kAll].current == 0);
 }
 
 TEST_CASE("out of memory throws c10::OutOfMemoryError with gpumem's message", "[torch][oom]") {

@@ -375,6 +375,27 @@ def test_min_limit_rejects_a_precision_that_is_not_positive():
         rp.min_limit(data("big_blocks"), precision=0)
 
 
+@pytest.mark.parametrize("precision", [1 << 64, (1 << 64) - 1, _C.SIM_MAX_CAPACITY + 1])
+def test_min_limit_rejects_a_precision_above_the_largest_simulated_device_naming_it(precision):
+    with pytest.raises(ValueError, match=f"precision {precision} is not a number of bytes from 1"):
+        rp.min_limit(data("big_blocks"), precision=precision)
+
+
+@pytest.mark.parametrize("precision", [1.5, "1MiB", True])
+def test_min_limit_rejects_a_precision_that_is_not_an_int(precision):
+    with pytest.raises(TypeError, match="is not an int number of bytes"):
+        rp.min_limit(data("big_blocks"), precision=precision)
+
+
+@pytest.mark.parametrize("size", [0, 1, 511, 512, 513, 1 << 62])
+def test_the_replays_block_size_is_the_allocators_own(size):
+    sim = _C.SimAllocator(1 << 50)
+    if size <= 1 << 40:
+        sim.malloc(0, size)
+        assert sim.stats(0)["allocated_bytes.all.current"] == rp.block_size(size)
+    assert rp.block_size(size) == max(512, -(-size // 512) * 512)
+
+
 # ---- segments -----------------------------------------------------------------------------------
 
 SYNTHETIC = ["train_like", "big_blocks", "preexisting", "two_devices"]
