@@ -5,7 +5,7 @@
 # run in JOBS processes (default 8; each GPU test starts its own interpreter).
 # PART splits the whole into calls of a few minutes each (build included):
 #   PART=1  the allocator under torch: install, GPUMEM_LIMIT, statistics, growable segments, what
-#           the code around torch sees (then the demo)
+#           the code around torch sees (then the CUDA backend's conformance suite and the demo)
 #   PART=2  CUDA graphs, cudagraph trees, MemPool, training, and every test that needs no GPU
 #           (then the snapshot capture)
 set -uo pipefail
@@ -24,7 +24,7 @@ echo "build: $(($(date +%s) - start)) s"
 part1="test_gpu_install.py test_gpu_autoload.py test_gpu_memory_stats.py test_gpu_growable.py test_gpu_drop_in.py"
 case "${PART:-}" in
   "") ;;
-  1) TESTS=${TESTS:-$part1}; CAPTURE=${CAPTURE:-0} ;;
+  1) TESTS=${TESTS:-$part1}; CAPTURE=${CAPTURE:-0}; CONFORMANCE=${CONFORMANCE:-1} ;;
   2) TESTS=${TESTS:-$(cd tests/python && ls test_*.py | grep -vxF -f <(tr ' ' '\n' <<<"$part1") | tr '\n' ' ')}
      DEMO=${DEMO:-0} ;;
   *) echo "gpu_check.sh: PART must be 1 or 2, not '$PART'" >&2; exit 2 ;;
@@ -33,6 +33,16 @@ parallel=()
 python3 -c "import xdist" 2>/dev/null && parallel=(-n "${JOBS:-8}")
 (cd tests/python && python3 -m pytest -q -rs -p no:cacheprovider "${parallel[@]}" ${TESTS:-.}) 2>&1 | tee "$out/pytest.log"
 tests=${PIPESTATUS[0]}
+# The backend conformance suite for the CUDA backend (tests/cuda/test_cuda_conformance.cpp): with
+# PART=1, or CONFORMANCE=1. Needs CMake, Ninja and Catch2 v2 (CATCH2_INCLUDE: a directory holding
+# catch2/catch.hpp, where no Catch2 package is installed).
+if [ "${CONFORMANCE:-0}" = 1 ]; then
+  catch_args=()
+  [ -n "${CATCH2_INCLUDE:-}" ] && catch_args=(-DGPUMEM_CATCH2_INCLUDE="$CATCH2_INCLUDE")
+  { cmake -S . -B build/gpu -G Ninja -DGPUMEM_TORCH_TESTS=OFF -DGPUMEM_BENCHMARKS=OFF "${catch_args[@]}" &&
+    ninja -C build/gpu gpumem_cuda_conformance && build/gpu/gpumem_cuda_conformance; } 2>&1 | tee "$out/conformance.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || tests=1
+fi
 if [ "${DEMO:-1}" = 1 ]; then
   (cd tools && timeout 120 python3 demo.py) 2>&1 | tee "$out/demo.log"
 fi

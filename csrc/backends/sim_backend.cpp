@@ -169,8 +169,8 @@ std::size_t SimBackend::free_of(const Device& d) const {
 
 std::optional<std::size_t> SimBackend::process_used(int device) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!process_accounting_ || device < 0 || device >= device_count_) return std::nullopt;  // never throws
   const Device& d = device_locked(device);
-  if (!process_accounting_) return std::nullopt;
   return d.ledger.in_use + d.outside;
 }
 
