@@ -24,6 +24,7 @@ import sys
 from typing import Mapping, Optional, Sequence
 
 from gpumem import _C
+from gpumem._words import shown
 
 JOB_VARIABLE = "GPUMEM_JOB"
 RANK_VARIABLE = "LOCAL_RANK"
@@ -222,13 +223,13 @@ def _local_rank(environ: Mapping[str, str]) -> int:
     if text is None:
         return 0
     if not (text.strip().isascii() and text.strip().isdigit() and len(text) <= 5):
-        raise ValueError(f"{RANK_VARIABLE}={text[:20]!r} is not a number of 0 or more")
+        raise ValueError(f"{RANK_VARIABLE}={shown(text)} is not a number of 0 or more")
     return int(text)
 
 
 def _checked_port(port: object) -> int:
     if isinstance(port, bool) or not isinstance(port, int):
-        raise TypeError(f"gpumem: metrics port {port!r} ({type(port).__name__}) is not an int; give 0..65535")
+        raise TypeError(f"gpumem: metrics port {shown(port)} ({type(port).__name__}) is not an int; give 0..65535")
     if not 0 <= port <= 65535:
         raise ValueError(f"gpumem: bad metrics port {port}: give 0..65535 (0: any free port)")
     return port

@@ -348,7 +348,7 @@ def _spec(limit: Limit) -> str:
         return "none"
     if isinstance(limit, bool) or not isinstance(limit, (int, str)):
         raise TypeError(
-            f"gpumem: limit {limit!r} is not a spec string or a byte count. Accepted forms: {_C.limit_forms}")
+            f"gpumem: limit {shown(limit)} is not a spec string or a byte count. Accepted forms: {_C.limit_forms}")
     return str(limit)
 
 
@@ -366,8 +366,8 @@ def _capacity(plan: _Plan, limit: Limit, total: Optional[int]) -> tuple[int, str
 def _modelled(total: int, what: str) -> int:
     """`total` if the simulated device can be that large; ValueError naming `what` if not."""
     if isinstance(total, bool) or not isinstance(total, int) or not 0 < total <= _C.SIM_MAX_CAPACITY:
-        shown = _C.format_bytes(total) if isinstance(total, int) and total > 0 else repr(total)[:40]
-        raise ValueError(f"gpumem: {what} ({shown}) is not a device size the simulator models: "
+        size = _C.format_bytes(total) if isinstance(total, int) and total > 0 else shown(total)
+        raise ValueError(f"gpumem: {what} ({size}) is not a device size the simulator models: "
                          f"1 byte to {_C.format_bytes(_C.SIM_MAX_CAPACITY)} ({_C.SIM_MAX_CAPACITY} bytes)")
     return total
 

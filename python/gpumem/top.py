@@ -240,10 +240,14 @@ def _cells(row: Row) -> tuple[str, ...]:
     f = row.figures
     if f is None:
         return (*identity, "-", "-", "-", "-", "-", "-", _note(row))
-    no_limit = f["device_total"] is not None and f["limit"] >= f["device_total"]
-    return (*identity, "none" if no_limit else _size(f["limit"]), _size(f["allocated"]), _size(f["reserved"]),
+    return (*identity, "none" if _no_limit(f) else _size(f["limit"]), _size(f["allocated"]), _size(f["reserved"]),
             _size(f["reserved_peak"]), str(sum(f["ooms"].values())),
             "-" if row.share is None else f"{row.share:.0%}", _note(row))
+
+
+def _no_limit(figures: dict) -> bool:
+    """Whether a published device runs without a limit (the limit is the device's total)."""
+    return figures["device_total"] is not None and figures["limit"] >= figures["device_total"]
 
 
 def _note(row: Row) -> str:
@@ -326,7 +330,7 @@ def _row_document(row: Row) -> dict:
 def _figures_document(row: Row) -> dict:
     f = row.figures
     return {"device": f["index"], "limit_bytes": f["limit"],
-            "no_limit": f["device_total"] is not None and f["limit"] >= f["device_total"],
+            "no_limit": _no_limit(f),
             "allocated_bytes": f["allocated"], "allocated_peak_bytes": f["allocated_peak"],
             "reserved_bytes": f["reserved"], "reserved_peak_bytes": f["reserved_peak"], "ooms": dict(f["ooms"]),
             "scope": f["scope"], "outside_bytes": f["outside"],
