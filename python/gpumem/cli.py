@@ -2,6 +2,7 @@
 
     gpumem info                                  devices, limits and this process's report
     gpumem run --limit 4GB -- python train.py    run a program under a limit
+    gpumem run --limit 4GB --scope process -- ...  ... on the whole process, as nvidia-smi counts it
     gpumem replay SNAPSHOT --limit 4GB           would a recorded run fit under 4 GB?
     gpumem replay SNAPSHOT --min-limit           the smallest limit it fits under
     gpumem replay SNAPSHOT                       uncapped: its peaks, and the smallest limit
@@ -13,7 +14,7 @@ Exit status:
   0    success; for replay, the trace fits
   1    a replay does not fit
   2    anything else went wrong: bad arguments, a bad limit, a snapshot that cannot be read or is
-       not one, an invalid GPUMEM_LIMIT, GPUMEM_SEGMENTS or GPUMEM_MEM_INFO in `gpumem info`, a
+       not one, an invalid GPUMEM_ setting in `gpumem info`, a
        --plot that could not be written (the replay's own result is printed all the same), for
        top NVML that cannot be used (nvidia-ml-py missing, no driver), an internal error
   130  interrupted (Ctrl-C)
@@ -33,7 +34,7 @@ import signal
 import sys
 from typing import Callable, Iterator, Optional, Sequence
 
-from gpumem import _C, _env, _limits, _segments, pressure
+from gpumem import _C, _env, _limits, _scope, _segments, pressure
 from gpumem._words import bounded, shown, shown_path
 
 EXIT_DOES_NOT_FIT = 1
@@ -114,12 +115,15 @@ def _parser() -> argparse.ArgumentParser:
     info.set_defaults(handler=_info)
 
     run = verbs.add_parser("run", help="run a program with a limit (GPUMEM_LIMIT)",
-                           usage="gpumem run --limit LIMIT -- PROGRAM [ARGS ...]",
-                           description="Runs PROGRAM with GPUMEM_LIMIT set, so gpumem caps its CUDA memory. "
-                                       "The exit status is the program's (127: not found, 126: cannot be "
-                                       "executed).")
+                           usage="gpumem run --limit LIMIT [--scope SCOPE] -- PROGRAM [ARGS ...]",
+                           description="Runs PROGRAM with GPUMEM_LIMIT set (and GPUMEM_SCOPE, with --scope), so "
+                                       "gpumem caps its CUDA memory. The exit status is the program's (127: not "
+                                       "found, 126: cannot be executed).")
     run.add_argument("--limit", required=True, type=_checked(_assignments_spec),
                      help=f'"4GB", "50%%", or one per device "0:4GB,1:8GB". Forms: {_FORMS}')
+    run.add_argument("--scope", type=_checked(_scope.scope),
+                     help=f'what the limit bounds: {_scope.FORMS} (the whole process, as nvidia-smi counts it); '
+                          "default: GPUMEM_SCOPE's, else allocator")
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="PROGRAM [ARGS ...]")
     run.set_defaults(handler=_run)
 
@@ -309,6 +313,8 @@ def _run(args) -> int:
     if not command:
         raise _UsageError("run needs a program: gpumem run --limit 4GB -- python train.py")
     environment = {**os.environ, _env.VARIABLE: args.limit}
+    if args.scope is not None:
+        environment[_env.SCOPE_VARIABLE] = args.scope
     sys.stdout.flush()
     sys.stderr.flush()
     with _signals_as_a_shell_leaves_them():

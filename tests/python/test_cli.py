@@ -100,6 +100,23 @@ def test_run_rejects_a_bad_limit_before_launching(tmp_path):
     assert not marker.exists()
 
 
+def test_run_with_a_scope_sets_gpumem_scope_and_without_one_leaves_it_alone():
+    program = "import os; print(os.environ.get('GPUMEM_SCOPE'))"
+    completed = gpumem("run", "--limit", "4GB", "--scope", "Process", "--", sys.executable, "-c", program)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "process"
+    completed = gpumem("run", "--limit", "4GB", "--", sys.executable, "-c", program, env={"GPUMEM_SCOPE": "process"})
+    assert completed.stdout.strip() == "process"
+
+
+def test_run_rejects_a_bad_scope_before_launching(tmp_path):
+    marker = tmp_path / "ran"
+    completed = gpumem("run", "--limit", "4GB", "--scope", "node", "--", sys.executable, "-c",
+                       f"open({str(marker)!r}, 'w')")
+    assert_usage_error(completed, "'node'", '"allocator" or "process"')
+    assert not marker.exists()
+
+
 def test_run_without_a_program_is_a_usage_error():
     assert_usage_error(gpumem("run", "--limit", "4GB"), "run needs a program")
 
