@@ -177,6 +177,7 @@ int CudaBackend::device_count() const {
     spare_events_.resize(count);
     vm_.resize(count);
     totals_ = std::vector<std::optional<std::size_t>>(count);
+    bus_ids_ = std::vector<std::string>(count);
     device_count_ = count;
   });
   return device_count_;
@@ -205,19 +206,32 @@ std::size_t CudaBackend::total_memory(int device) {
 }
 
 // NVML names GPUs by PCI bus id (CUDA_VISIBLE_DEVICES does not apply to it). The process is listed
-// only once it has a context on the device, so the context is made first: the memory is about to
-// be allocated anyway, and the context is part of what the figure must count.
+// only once it has a context on the device, so the first call makes it: the memory is about to be
+// allocated on the device anyway (the allocator asks at a growth), and the context is part of what
+// the figure must count. A failed CUDA call's error is cleared, so that torch's next check does not
+// take it for its own.
 std::optional<std::size_t> CudaBackend::process_used(int device) {
   std::string bus_id;
   try {
     check_device(device);
-    DeviceScope scope(device);
-    RelaxedCaptureMode relaxed;
-    if (cudaFree(nullptr) != cudaSuccess) return std::nullopt;
-    char text[64] = {};
-    if (cudaDeviceGetPCIBusId(text, sizeof text, device) != cudaSuccess) return std::nullopt;
-    bus_id = text;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      bus_id = bus_ids_[device];
+    }
+    if (bus_id.empty()) {
+      DeviceScope scope(device);
+      RelaxedCaptureMode relaxed;
+      char text[64] = {};
+      if (cudaFree(nullptr) != cudaSuccess || cudaDeviceGetPCIBusId(text, sizeof text, device) != cudaSuccess) {
+        cudaGetLastError();
+        return std::nullopt;
+      }
+      bus_id = text;
+      std::lock_guard<std::mutex> lock(mutex_);
+      bus_ids_[device] = bus_id;
+    }
   } catch (const std::exception&) {
+    cudaGetLastError();
     return std::nullopt;
   }
   return nvml_process_memory(bus_id.c_str(), static_cast<unsigned>(getpid()));

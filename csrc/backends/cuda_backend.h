@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/backend.h"
@@ -21,7 +22,9 @@ class CudaBackend : public Backend {
   void release(int device, void* ptr, std::size_t bytes) override;
   MemInfo mem_info(int device) override;
   std::size_t total_memory(int device) override;
-  // NVML's per-process figure (backends/nvml.h) for this pid.
+  // NVML's per-process figure (backends/nvml.h) for this pid. The first call on a device makes its
+  // context (the process is listed only then); later calls make no CUDA call at all, so they are
+  // safe while a graph captures.
   std::optional<std::size_t> process_used(int device) override;
   EventId record_event(int device, StreamId stream) override;
   bool event_done(int device, EventId event) override;
@@ -64,6 +67,7 @@ class CudaBackend : public Backend {
   std::mutex mutex_;                                             // guards spare_events_, totals_
   mutable std::vector<std::vector<EventId>> spare_events_;       // per device; events are reused
   mutable std::vector<std::optional<std::size_t>> totals_;       // per device, once asked
+  mutable std::vector<std::string> bus_ids_;  // per device: its PCI bus id once its context is made (process_used)
   std::mutex vm_mutex_;                                          // guards vm_
   mutable std::vector<VirtualMemory> vm_;                        // per device
 };

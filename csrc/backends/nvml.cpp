@@ -16,12 +16,16 @@ constexpr NvmlReturn kNvmlSuccess = 0;
 constexpr NvmlReturn kNvmlInsufficientSize = 7;
 constexpr unsigned long long kNvmlValueNotAvailable = ~0ULL;
 
-struct NvmlProcessInfo {  // nvmlProcessInfo_t, as nvmlDeviceGetComputeRunningProcesses_v3 fills it
+// nvmlProcessInfo_v2_t, as nvmlDeviceGetComputeRunningProcesses_v2 fills it. The _v2 call is used,
+// not _v3: some R535 drivers wrote a longer entry (with usedGpuCcProtectedMemory) through _v3,
+// while _v2's layout has never changed.
+struct NvmlProcessInfo {
   unsigned int pid;
   unsigned long long used_gpu_memory;
   unsigned int gpu_instance_id;
   unsigned int compute_instance_id;
 };
+static_assert(sizeof(NvmlProcessInfo) == 24, "nvmlProcessInfo_v2_t is 24 bytes");
 
 struct Nvml {
   NvmlReturn (*init)() = nullptr;
@@ -44,7 +48,7 @@ const Nvml* nvml() {
     static Nvml api;
     if (!find(library, "nvmlInit_v2", api.init) ||
         !find(library, "nvmlDeviceGetHandleByPciBusId_v2", api.handle_by_pci_bus_id) ||
-        !find(library, "nvmlDeviceGetComputeRunningProcesses_v3", api.compute_processes) ||
+        !find(library, "nvmlDeviceGetComputeRunningProcesses_v2", api.compute_processes) ||
         api.init() != kNvmlSuccess) {
       return nullptr;
     }
@@ -53,9 +57,7 @@ const Nvml* nvml() {
   return loaded;
 }
 
-}  // namespace
-
-std::optional<std::size_t> nvml_process_memory(const char* pci_bus_id, unsigned pid) {
+std::optional<std::size_t> process_memory(const char* pci_bus_id, unsigned pid) {
   const Nvml* api = nvml();
   if (!api) return std::nullopt;
   NvmlDevice device = nullptr;
@@ -80,6 +82,16 @@ std::optional<std::size_t> nvml_process_memory(const char* pci_bus_id, unsigned 
     return used;
   }
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::size_t> nvml_process_memory(const char* pci_bus_id, unsigned pid) noexcept {
+  try {
+    return process_memory(pci_bus_id, pid);
+  } catch (...) {  // the list's memory: nothing to report then
+    return std::nullopt;
+  }
 }
 
 }  // namespace gpumem

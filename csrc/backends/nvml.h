@@ -13,6 +13,6 @@ namespace gpumem {
 // cudaDeviceGetPCIBusId writes it), summed over its entries there; nullopt where NVML cannot be
 // loaded or started, the GPU is not found, the process is not listed (a container's own pid
 // namespace), or its figure is not available (MIG). Thread-safe; never throws.
-std::optional<std::size_t> nvml_process_memory(const char* pci_bus_id, unsigned pid);
+std::optional<std::size_t> nvml_process_memory(const char* pci_bus_id, unsigned pid) noexcept;
 
 }  // namespace gpumem

@@ -459,7 +459,7 @@ void DeviceAllocator::set_limit(std::string_view spec) {
 //   capturing) nothing is released, as in empty_cache(); the first free after it ends resumes.
 void DeviceAllocator::set_limit_locked(std::size_t limit) {
   cap_.set_limit(limit);
-  if (scope_ == LimitScope::kProcess) measure_outside_locked();
+  if (scope_ == LimitScope::kProcess && cap_.reserved() > 0) measure_outside_locked();
   if (cap_.reserved() > cap_.budget()) {
     if (pool_targets_.empty()) process_events();
     release_oldest_until(cap_.budget());
@@ -472,11 +472,14 @@ void DeviceAllocator::set_limit_locked(std::size_t limit) {
 //   Under LimitScope::kProcess the limit bounds what the driver counts for the process on the
 //   device: the allocator's reserved bytes plus `outside`, everything else the process holds there
 //   (the CUDA context, library workspaces, NCCL's buffers). Outside is measured, under the lock,
-//   whenever memory may grow (a malloc the cache could not serve, an uncached request) and when the
-//   limit or the scope is set:
+//   whenever memory may grow (a malloc the cache could not serve, an uncached request) and, once
+//   the device holds memory, when the limit or the scope is set (before that, the first growth
+//   measures: naming a scope makes no context); never for the first time while a graph may be
+//   capturing:
 //   - from the backend's per-process figure (NVML's accounting for this pid) where it has one:
 //     outside = that figure - reserved, which stays exact as long as nothing else in the process
-//     allocates between the measurement and the growth;
+//     allocates between the measurement and the growth. A figure below reserved cannot be this
+//     process's (a pid of another pid namespace) and counts as none;
 //   - else once, at the first measurement, from the device's used memory (total - free) less
 //     reserved. That counts other processes on the device then as this one's, and misses what
 //     libraries allocate later: the figure is kept, and reported as such.
@@ -488,28 +491,47 @@ void DeviceAllocator::set_limit_locked(std::size_t limit) {
 //   lowered limit]).
 void DeviceAllocator::measure_outside_locked() {
   if (scope_ != LimitScope::kProcess) return;
+  const bool measured = outside_source_.load(std::memory_order_relaxed) != OutsideSource::kNone;
+  // The first measurement may make the device's context: not while a graph may be capturing.
+  if (!measured && !pool_targets_.empty()) return;
   const std::size_t held = cap_.reserved();
-  if (const std::optional<std::size_t> used = backend_.process_used(device_)) {
-    cap_.set_outside(*used > held ? *used - held : 0);
+  std::optional<std::size_t> used = backend_.process_used(device_);
+  // Less than the allocator holds cannot be this process's figure (a pid that names another
+  // process, in a container's own pid namespace): as if there were none.
+  // A figure that went away leaves the last one in place; one that is not ours falls back.
+  const bool not_ours = used && *used < held;
+  if (not_ours) used.reset();
+  if (used) {
+    cap_.set_outside(*used - held);
     outside_source_.store(OutsideSource::kProcessAccounting, std::memory_order_relaxed);
-  } else if (outside_source_.load(std::memory_order_relaxed) == OutsideSource::kNone) {
+  } else if (!measured || (not_ours && outside_source_.load(std::memory_order_relaxed) ==
+                                           OutsideSource::kProcessAccounting)) {
     const MemInfo mem = backend_.mem_info(device_);
-    const std::size_t used = mem.total - std::min(mem.free, mem.total);
-    cap_.set_outside(used > held ? used - held : 0);
+    const std::size_t device_used = mem.total - std::min(mem.free, mem.total);
+    cap_.set_outside(device_used > held ? device_used - held : 0);
     outside_source_.store(OutsideSource::kDeviceAtFirst, std::memory_order_relaxed);
   }
   if (cap_.reserved() > cap_.budget() && pool_targets_.empty()) release_oldest_until(cap_.budget());
 }
 
+// Setting the process scope measures at once only where the device holds memory (and so has a
+// context): otherwise the first growth does, so that naming a scope makes no CUDA context on a
+// device the program never uses.
 void DeviceAllocator::set_scope(LimitScope scope) {
   std::lock_guard<Lock> lock(mutex_);
+  const LimitScope before = scope_;
   scope_ = scope;
   if (scope == LimitScope::kAllocator) {
     cap_.set_outside(0);
     outside_source_.store(OutsideSource::kNone, std::memory_order_relaxed);
-  } else {
+  } else if (cap_.reserved() > 0) {
     if (pool_targets_.empty()) process_events();
-    measure_outside_locked();
+    try {
+      measure_outside_locked();
+    } catch (...) {
+      scope_ = before;
+      throw;
+    }
   }
   if (release_threshold_ > 0.0) apply_release_threshold();
   debug_check();

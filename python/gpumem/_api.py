@@ -54,10 +54,10 @@ def set_limit(limit: Limit, device: Device = None, scope: Optional[str] = None) 
         _refuse_if_torch_allocator_in_use()
         limits = _limits.resolve(spec, _devices.targets(device))
         _enable_locked()
-        if scope is not None:
+        _apply(limits)
+        if scope is not None:  # after the limits: the scope releases down to the new limit, not the old
             for index in limits:
                 _C.set_scope(index, scope)
-        _apply(limits)
 
 
 def get_scope(device: Device = None) -> str:

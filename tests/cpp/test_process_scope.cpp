@@ -33,10 +33,11 @@ TEST_CASE("under the process scope the memory outside the allocator counts again
     Sim sim(kLimit, kDeviceBytes, 0.0, page);
     sim.backend.set_use_outside(0, 1 * GiB + 300 * MiB);
     sim.alloc.set_scope(LimitScope::kProcess);
-    REQUIRE(sim.alloc.outside() == 1 * GiB + 300 * MiB);
-    REQUIRE(sim.alloc.outside_source() == OutsideSource::kProcessAccounting);
+    REQUIRE(sim.alloc.outside_source() == OutsideSource::kNone);  // nothing held yet: the first growth measures
 
     auto [blocks, oom] = fill(sim, 100 * MiB);
+    REQUIRE(sim.alloc.outside() == 1 * GiB + 300 * MiB);
+    REQUIRE(sim.alloc.outside_source() == OutsideSource::kProcessAccounting);
     const std::size_t process = sim.ledger().in_use + 1 * GiB + 300 * MiB;
     REQUIRE(process <= kLimit);
     REQUIRE(process > kLimit - 100 * MiB);  // the cap binds at the limit, not earlier
@@ -100,10 +101,10 @@ TEST_CASE("without the driver's figure for the process, outside is the device's 
   sim.backend.set_process_accounting(false);
   sim.backend.set_use_outside(0, 500 * MiB, 700 * MiB);  // the process's 500 MiB and another's 700
   sim.alloc.set_scope(LimitScope::kProcess);
+  Block* b = sim.malloc(100 * MiB);
   // Other processes are counted as this one's: the figure errs on the side of the cap.
   REQUIRE(sim.alloc.outside() == 1200 * MiB);
   REQUIRE(sim.alloc.outside_source() == OutsideSource::kDeviceAtFirst);
-  Block* b = sim.malloc(100 * MiB);
   // Measured once: what changes later is not seen.
   sim.backend.set_use_outside(0, 900 * MiB, 700 * MiB);
   sim.malloc(200 * MiB);
@@ -132,6 +133,7 @@ TEST_CASE("pressure under the process scope is measured on reserved plus what is
   Sim sim(kLimit);
   sim.backend.set_use_outside(0, 1536 * MiB);
   sim.alloc.set_scope(LimitScope::kProcess);
+  Block* first = sim.malloc(2 * MiB);  // the first growth measures what is outside
   sim.alloc.watch_pressure(0, 0.5);  // at 2 GiB of 4
   std::uint64_t crossings = 0;
   auto count = [&] {
@@ -140,8 +142,50 @@ TEST_CASE("pressure under the process scope is measured on reserved plus what is
     return crossings;
   };
   REQUIRE(count() == 0);
-  sim.malloc(600 * MiB);  // 1.5 GiB outside + 600 MiB > 2 GiB; reserved alone is far below
+  sim.malloc(600 * MiB);  // 1.5 GiB outside + 602 MiB > 2 GiB; reserved alone is far below
   REQUIRE(count() == 1);
+  sim.free(first);
+}
+
+TEST_CASE("a figure below what the allocator holds is not taken for the process's", "[scope]") {
+  // As a pid of another pid namespace would give: another process's smaller figure.
+  class OtherPid : public SimBackend {
+   public:
+    using SimBackend::SimBackend;
+    std::optional<std::size_t> process_used(int) override { return 1 * MiB; }
+  };
+  OtherPid backend(kDeviceBytes);
+  DeviceAllocator alloc(backend, 0, config_with(kLimit));
+  alloc.set_scope(LimitScope::kProcess);
+  Block* b = alloc.malloc(100 * MiB, kStream0);
+  Block* c = alloc.malloc(100 * MiB, kStream1);  // measured with 100 MiB held: 1 MiB is not ours
+  REQUIRE(alloc.outside_source() == OutsideSource::kDeviceAtFirst);
+  alloc.free(b);
+  alloc.free(c);
+}
+
+TEST_CASE("setting the process scope on a device that holds nothing asks the device nothing", "[scope]") {
+  class Counting : public SimBackend {
+   public:
+    using SimBackend::SimBackend;
+    int asked = 0;
+    std::optional<std::size_t> process_used(int device) override {
+      ++asked;
+      return SimBackend::process_used(device);
+    }
+    MemInfo mem_info(int device) override {
+      ++asked;
+      return SimBackend::mem_info(device);
+    }
+  };
+  Counting backend(kDeviceBytes);
+  DeviceAllocator alloc(backend, 0, config_with(kLimit));
+  alloc.set_scope(LimitScope::kProcess);
+  alloc.set_limit(std::optional<std::size_t>(2 * GiB));
+  REQUIRE(backend.asked == 0);  // on CUDA, asking would make the device's context
+  Block* b = alloc.malloc(10 * MiB, kStream0);
+  REQUIRE(backend.asked == 1);
+  alloc.free(b);
 }
 
 TEST_CASE("threads growing under the process scope never take the process past the limit", "[scope][threads]") {
