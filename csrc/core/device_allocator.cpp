@@ -84,33 +84,31 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
   } else if (capture_reuse_ && !deferred_.empty()) {
     reuse_deferred(stream);
   }
-  device_refused_ = false;
   // No device holds this much; failing here also keeps the rounding below from overflowing.
   if (requested > SIZE_MAX - kLargeRounding) throw_oom(requested, requested);
   const std::size_t size = std::max(round_size(requested), at_least);
-  const bool small = is_small(size);
-  Pool& pool = pool_for_locked(stream);
+  Request r{&pool_for_locked(stream), is_small(size), stream, size};
 
-  Block* block = try_cached(pool, small, stream, size);
+  Block* block = try_cached(*r.pool, r);
   if (block) return place(block, size, requested);
   measure_outside_locked();
   if (!fits_under(allocated_locked(), size, cap_.budget())) throw_oom(requested, size);
-  block = try_new_memory(pool, small, stream, size);
-  if (!block && &pool == &default_pool_) block = try_use_on_oom_pools(small, stream, size);
+  block = try_new_memory(r);
+  if (!block && r.pool == &default_pool_) block = try_use_on_oom_pools(r);
   bool retried = false;
-  if (!block && release_for(pool, size)) {
+  if (!block && release_for(r)) {
     retried = true;
-    block = try_new_memory(pool, small, stream, size);
+    block = try_new_memory(r);
   }
   if (!block && pool_targets_.empty()) {
     retried = true;
     synchronize_and_process_events();
     release_all_unused();
-    block = try_cached(pool, small, stream, size);
-    if (!block) block = try_new_memory(pool, small, stream, size);
+    block = try_cached(*r.pool, r);
+    if (!block) block = try_new_memory(r);
   }
   if (retried) ++stats_.num_alloc_retries;
-  if (!block) throw_oom(requested, size);
+  if (!block) throw_oom(requested, size, r.device_refused);
   block = place(block, size, requested);
   if (release_threshold_ > 0.0) apply_release_threshold();
   return block;
@@ -127,41 +125,40 @@ Pool& DeviceAllocator::targeted_pool_locked(StreamId stream) {
   return default_pool_;
 }
 
-Block* DeviceAllocator::try_cached(Pool& pool, bool small, StreamId stream, std::size_t size) {
-  Block* block = pool.blocks_for(small).take_best_fit(stream, size);
-  if (block && block->is_split()) {
-    stats_.absorb(small, block->size);
-  }
+// A cached free block of `pool` for the request (its class, stream and size), or nullptr.
+Block* DeviceAllocator::try_cached(Pool& pool, const Request& r) {
+  Block* block = pool.blocks_for(r.small).take_best_fit(r.stream, r.size);
+  if (block && block->is_split()) stats_.absorb(r.small, block->size);
   return block;
 }
 
-Block* DeviceAllocator::try_new_segment(Pool& pool, bool small, StreamId stream, std::size_t size) {
-  const std::size_t normal = segment_size(size);
-  if (Block* block = reserve_segment(pool, small, stream, normal)) return block;
-  const std::size_t tight = tight_segment_size(size);
-  return tight == normal ? nullptr : reserve_segment(pool, small, stream, tight);
+Block* DeviceAllocator::try_new_segment(Request& r) {
+  const std::size_t normal = segment_size(r.size);
+  if (Block* block = reserve_segment(r, normal)) return block;
+  const std::size_t tight = tight_segment_size(r.size);
+  return tight == normal ? nullptr : reserve_segment(r, tight);
 }
 
 // The cap first, then the pool's source (the backend, or a MemPool's allocator); the cap is given
 // back if the source refuses or throws.
-Block* DeviceAllocator::reserve_segment(Pool& pool, bool small, StreamId stream, std::size_t bytes) {
-  void* ptr = capped(bytes, [&] { return source_of(pool).reserve(bytes); });
+Block* DeviceAllocator::reserve_segment(Request& r, std::size_t bytes) {
+  void* ptr = capped_for(r, bytes, [&] { return source_of(*r.pool).reserve(bytes); });
   if (!ptr) return nullptr;
   if (overlaps_segment(reinterpret_cast<std::uintptr_t>(ptr), bytes)) {
     cap_.unreserve(bytes);  // the memory is not the allocator's: it cannot be given back either
     throw_overlap("reserve", ptr, bytes);
   }
-  Segment* segment = add_segment(pool, small, stream, reinterpret_cast<std::uintptr_t>(ptr), bytes);
+  Segment* segment = add_segment(*r.pool, r.small, r.stream, reinterpret_cast<std::uintptr_t>(ptr), bytes);
   segment->mapped = bytes;
-  stats_.reserve(small, bytes, 1);
+  stats_.reserve(r.small, bytes, 1);
   ++stats_.num_device_alloc;
   reserved_high_ = std::max(reserved_high_, cap_.reserved());
   return segment->head;
 }
 
 // New memory for the pool: pages of a growable segment where the pool uses them, else a segment.
-Block* DeviceAllocator::try_new_memory(Pool& pool, bool small, StreamId stream, std::size_t size) {
-  return uses_growable(pool) ? try_grow(pool, small, stream, size) : try_new_segment(pool, small, stream, size);
+Block* DeviceAllocator::try_new_memory(Request& r) {
+  return uses_growable(*r.pool) ? try_grow(r) : try_new_segment(r);
 }
 
 // A backend that hands out memory the allocator already holds is broken; going on would corrupt
@@ -218,7 +215,7 @@ Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t reques
   return block;
 }
 
-void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size) {
+void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size, bool device_refused) {
   ++stats_.num_ooms;
   OomInfo info;
   info.device = device_;
@@ -232,7 +229,7 @@ void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size) {
   info.device_free = mem.free;
   info.device_total = mem.total;
   info.largest_free_block = largest_free_block_locked();
-  if (device_refused_) {
+  if (device_refused) {
     info.kind = OomKind::kDeviceFull;
     ++stats_.num_ooms_device_full;
   } else if (!fits_under(info.allocated, size, cap_.budget())) {
@@ -393,11 +390,13 @@ bool DeviceAllocator::release_all_unused() {
 // Frees room for a request of `size` in `pool`: under the cap, what the cap lacks for the memory the
 // request would add; when the device itself refused, as much as that memory (its free memory is
 // not the cap's to know). Plain segments first, by the release policy; then free pages.
-bool DeviceAllocator::release_for(const Pool& pool, std::size_t size) {
+bool DeviceAllocator::release_for(const Request& r) {
+  const Pool& pool = *r.pool;
+  const std::size_t size = r.size;
   const std::size_t bytes = uses_growable(pool) ? round_up(size, page_size_) : tight_segment_size(size);
   // Reserved may stand above a lowered limit: the shortfall counts from there, not from zero headroom.
   const std::size_t after = cap_.reserved() + bytes, limit = cap_.budget();
-  const std::size_t need = device_refused_ ? bytes : (after > limit ? after - limit : 0);
+  const std::size_t need = r.device_refused ? bytes : (after > limit ? after - limit : 0);
   if (need == 0) return false;
   std::size_t freed = 0;
   for (Segment* s : choose_for_bytes(unused_segments(), need)) {

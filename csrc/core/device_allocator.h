@@ -193,12 +193,28 @@ class DeviceAllocator {
     StreamFilter filter;
   };
 
+  // One malloc as the fallback chain carries it: the pool it goes to, its pool class, its stream,
+  // the bytes its block must hold, and whether the device refused new memory for it (which makes
+  // an out-of-memory error "device full").
+  struct Request {
+    Pool* pool;
+    bool small;
+    StreamId stream;
+    std::size_t size;
+    bool device_refused = false;
+  };
+  // Why capped() got nothing: the cap would pass the limit, or the device had no memory.
+  enum class Refusal { kNone, kCap, kDevice };
+  template <class T>
+  struct Capped {
+    T got{};
+    Refusal refusal = Refusal::kNone;
+  };
   // The cap's rule, for every way of getting memory: count `bytes` first, then ask the device
-  // (`ask` returns a pointer or a bool); if it refuses or throws the bytes are given back. A
-  // refusal is remembered for the out-of-memory error's case.
+  // (`ask` returns a pointer or a bool); if it refuses or throws the bytes are given back.
   template <class Ask>
-  auto capped(std::size_t bytes, Ask&& ask) -> decltype(ask()) {
-    if (!cap_.try_reserve(bytes)) return {};
+  auto capped(std::size_t bytes, Ask&& ask) -> Capped<decltype(ask())> {
+    if (!cap_.try_reserve(bytes)) return {{}, Refusal::kCap};
     decltype(ask()) got{};
     try {
       got = ask();
@@ -208,29 +224,36 @@ class DeviceAllocator {
     }
     if (!got) {
       cap_.unreserve(bytes);
-      device_refused_ = true;
-      return got;
+      return {got, Refusal::kDevice};
     }
     cap_.grown();
-    return got;
+    return {got, Refusal::kNone};
+  }
+  // capped() for a request: a device's refusal is noted on it.
+  template <class Ask>
+  auto capped_for(Request& r, std::size_t bytes, Ask&& ask) -> decltype(ask()) {
+    auto result = capped(bytes, std::forward<Ask>(ask));
+    if (result.refusal == Refusal::kDevice) r.device_refused = true;
+    return result.got;
   }
   std::size_t allocated_locked() const;  // allocated blocks and uncached memory: what the cap is measured against
-  void* reserve_uncached(std::size_t bytes);
+  void* reserve_uncached(std::size_t bytes, bool& device_refused);
   // The pool a request on `stream` goes to: the default pool unless a pool target takes the stream.
   Pool& pool_for_locked(StreamId stream) { return pool_targets_.empty() ? default_pool_ : targeted_pool_locked(stream); }
   Pool& targeted_pool_locked(StreamId stream);
-  Block* try_cached(Pool& pool, bool small, StreamId stream, std::size_t size);
+  Block* try_cached(Pool& pool, const Request& r);
   void measure_outside_locked();
-  Block* try_new_segment(Pool& pool, bool small, StreamId stream, std::size_t size);
-  Block* reserve_segment(Pool& pool, bool small, StreamId stream, std::size_t bytes);
-  Block* try_new_memory(Pool& pool, bool small, StreamId stream, std::size_t size);
-  Block* try_use_on_oom_pools(bool small, StreamId stream, std::size_t size);
+  Block* try_new_segment(Request& r);
+  Block* reserve_segment(Request& r, std::size_t bytes);
+  Block* try_new_memory(Request& r);
+  Block* try_use_on_oom_pools(const Request& r);
   SegmentSource& source_of(const Pool& pool) { return pool.source ? *pool.source : backend_source_; }
   bool overlaps_segment(std::uintptr_t addr, std::size_t size) const;
   [[noreturn]] void throw_overlap(const char* call, const void* ptr, std::size_t size) const;
   Segment* add_segment(Pool& pool, bool small, StreamId stream, std::uintptr_t addr, std::size_t size);
   Block* place(Block* block, std::size_t size, std::size_t requested);
-  [[noreturn]] void throw_oom(std::size_t requested, std::size_t size);
+  // `device_refused`: the device, not the cap, refused new memory for the request.
+  [[noreturn]] void throw_oom(std::size_t requested, std::size_t size, bool device_refused = false);
 
   void free_block(Block* block);
   void defer(Block* block);
@@ -241,16 +264,16 @@ class DeviceAllocator {
 
   // Growable segments (core/growable.cpp).
   bool uses_growable(const Pool& pool) const;
-  Block* try_grow(Pool& pool, bool small, StreamId stream, std::size_t size);
+  Block* try_grow(Request& r);
   struct Growth {
     Block* block;       // the unmapped block to map from, or nullptr
     std::size_t pages;  // bytes of the pages it needs
   };
-  Growth choose_unmapped(const Pool& pool, bool small, StreamId stream, std::size_t size) const;
+  Growth choose_unmapped(const Request& r) const;
   bool recycle_before_high_mark(const Growth& growth, StreamId stream, std::size_t size);
   std::pair<std::uintptr_t, std::uintptr_t> pages_inside(const Block* block) const;
-  Block* reserve_growable(Pool& pool, bool small, StreamId stream, std::size_t size);
-  Block* map_front(Block* unmapped, std::size_t size);
+  Block* reserve_growable(const Request& r);
+  Block* map_front(Request& r, Block* unmapped);
   std::size_t unmap_block(Block* block);
   bool holds_free_page(const Block* block) const;
   std::vector<Block*> unmappable_blocks() const;
@@ -267,7 +290,7 @@ class DeviceAllocator {
   bool release_oldest_until(std::size_t reserved_target);
   void give_back_over_limit();
   bool release_all_unused();
-  bool release_for(const Pool& pool, std::size_t size);
+  bool release_for(const Request& r);
   void set_limit_locked(std::size_t limit);
   void apply_release_threshold();
   bool is_target(const Pool* pool) const;
@@ -310,7 +333,6 @@ class DeviceAllocator {
   std::size_t reserved_high_ = 0;               // the most ever reserved (not reset with the statistics)
   std::unordered_map<std::uintptr_t, std::size_t> uncached_;  // address -> bytes, caching off
   std::size_t uncached_bytes_ = 0;
-  bool device_refused_ = false;                 // during this malloc, the backend said no
 };
 
 }  // namespace gpumem

@@ -42,17 +42,15 @@ bool DeviceAllocator::uses_growable(const Pool& pool) const {
 
 // A block of at least `size` bytes made by mapping pages, or nullptr if the cap or the device has
 // no room. Where no address range can be had, a plain segment instead.
-Block* DeviceAllocator::try_grow(Pool& pool, bool small, StreamId stream, std::size_t size) {
-  Growth growth = choose_unmapped(pool, small, stream, size);
-  if (recycle_before_high_mark(growth, stream, size)) {
-    growth = choose_unmapped(pool, small, stream, size);
-  }
+Block* DeviceAllocator::try_grow(Request& r) {
+  Growth growth = choose_unmapped(r);
+  if (recycle_before_high_mark(growth, r.stream, r.size)) growth = choose_unmapped(r);
   Block* unmapped = growth.block;
   const bool fresh = unmapped == nullptr;
-  if (fresh) unmapped = reserve_growable(pool, small, stream, size);
-  if (!unmapped) return try_new_segment(pool, small, stream, size);
+  if (fresh) unmapped = reserve_growable(r);
+  if (!unmapped) return try_new_segment(r);
   Segment* segment = unmapped->segment;
-  Block* block = map_front(unmapped, size);
+  Block* block = map_front(r, unmapped);
   if (!block && fresh) release_growable(segment);
   return block;
 }
@@ -80,11 +78,11 @@ bool DeviceAllocator::recycle_before_high_mark(const Growth& growth, StreamId st
 // The unmapped block that, mapped from its start and joined with its free mapped neighbours,
 // holds `size` bytes with the fewest new pages (the lowest address among equals), and those pages'
 // bytes; no block if none.
-DeviceAllocator::Growth DeviceAllocator::choose_unmapped(const Pool& pool, bool small, StreamId stream,
-                                                         std::size_t size) const {
+DeviceAllocator::Growth DeviceAllocator::choose_unmapped(const Request& r) const {
+  const std::size_t size = r.size;
   const Block* best = nullptr;
   std::size_t best_need = 0;
-  pool.unmapped_for(small).for_each_on(stream, [&](const Block* u) {
+  r.pool->unmapped_for(r.small).for_each_on(r.stream, [&](const Block* u) {
     const std::size_t before = u->prev && u->prev->is_cached() ? u->prev->size : 0;
     const std::size_t after = u->next && u->next->is_cached() ? u->next->size : 0;
     if (size <= before || before + u->size + after < size) return;
@@ -99,12 +97,14 @@ DeviceAllocator::Growth DeviceAllocator::choose_unmapped(const Pool& pool, bool 
 
 // A new growable segment for the pool and stream: an unmapped block spanning the device's size
 // (or the request, if larger); nullptr when the backend has no address range.
-Block* DeviceAllocator::reserve_growable(Pool& pool, bool small, StreamId stream, std::size_t size) {
-  const std::size_t bytes = round_up(std::max(device_total_, size), page_size_);
+Block* DeviceAllocator::reserve_growable(const Request& r) {
+  Pool& pool = *r.pool;
+  const bool small = r.small;
+  const std::size_t bytes = round_up(std::max(device_total_, r.size), page_size_);
   void* ptr = backend_.reserve_address(device_, bytes);
   if (!ptr) return nullptr;
   if (overlaps_segment(reinterpret_cast<std::uintptr_t>(ptr), bytes)) throw_overlap("reserve_address", ptr, bytes);
-  Segment* segment = add_segment(pool, small, stream, reinterpret_cast<std::uintptr_t>(ptr), bytes);
+  Segment* segment = add_segment(pool, small, r.stream, reinterpret_cast<std::uintptr_t>(ptr), bytes);
   segment->growable = true;
   segment->mapped = 0;
   segment->head->mapped = false;
@@ -116,12 +116,13 @@ Block* DeviceAllocator::reserve_growable(Pool& pool, bool small, StreamId stream
 // Maps the pages at the start of `unmapped` that, with its free mapped neighbours, make a block of
 // `size` bytes, and returns that merged block (in no set, not counted as inactive); nullptr if the
 // cap or the device refuses the pages.
-Block* DeviceAllocator::map_front(Block* unmapped, std::size_t size) {
+Block* DeviceAllocator::map_front(Request& r, Block* unmapped) {
+  const std::size_t size = r.size;
   Segment& segment = *unmapped->segment;
   const bool small = segment.small;
   const std::size_t before = unmapped->prev && unmapped->prev->is_cached() ? unmapped->prev->size : 0;
   const std::size_t bytes = std::min(round_up(size - before, page_size_), unmapped->size);
-  if (!capped(bytes, [&] { return backend_.map(device_, unmapped->ptr(), bytes); })) return nullptr;
+  if (!capped_for(r, bytes, [&] { return backend_.map(device_, unmapped->ptr(), bytes); })) return nullptr;
   FreeBlocks& unmapped_set = segment.pool->unmapped_for(small);
   unmapped_set.erase(unmapped);
   if (bytes < unmapped->size) unmapped_set.insert(split_block(unmapped, bytes, arena_));

@@ -107,10 +107,10 @@ void DeviceAllocator::set_use_on_oom(PoolId id, bool on) {
 }
 
 // A cached free block of at least `size` on `stream` from a held use_on_oom pool, or nullptr.
-Block* DeviceAllocator::try_use_on_oom_pools(bool small, StreamId stream, std::size_t size) {
+Block* DeviceAllocator::try_use_on_oom_pools(const Request& r) {
   for (auto& [id, pool] : private_pools_) {
     if (!pool->use_on_oom || pool->use_count == 0) continue;
-    if (Block* block = try_cached(*pool, small, stream, size)) return block;
+    if (Block* block = try_cached(*pool, r)) return block;
   }
   return nullptr;
 }

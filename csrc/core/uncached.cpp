@@ -11,24 +11,26 @@ namespace gpumem {
 
 void* DeviceAllocator::malloc_uncached(std::size_t requested) {
   std::lock_guard<Lock> lock(mutex_);
-  device_refused_ = false;
   if (requested > SIZE_MAX - kMinBlockSize) throw_oom(requested, requested);
   const std::size_t bytes = round_size(requested);
   measure_outside_locked();
   if (!fits_under(allocated_locked(), bytes, cap_.budget())) throw_oom(requested, bytes);
-  void* ptr = reserve_uncached(bytes);
+  bool device_refused = false;
+  void* ptr = reserve_uncached(bytes, device_refused);
   if (!ptr && pool_targets_.empty()) {
     synchronize_and_process_events();
     release_all_unused();
-    ptr = reserve_uncached(bytes);
+    ptr = reserve_uncached(bytes, device_refused);
   }
-  if (!ptr) throw_oom(requested, bytes);
+  if (!ptr) throw_oom(requested, bytes, device_refused);
   debug_check();
   return ptr;
 }
 
-void* DeviceAllocator::reserve_uncached(std::size_t bytes) {
-  void* ptr = capped(bytes, [&] { return backend_.reserve(device_, bytes); });
+void* DeviceAllocator::reserve_uncached(std::size_t bytes, bool& device_refused) {
+  const auto result = capped(bytes, [&] { return backend_.reserve(device_, bytes); });
+  if (result.refusal == Refusal::kDevice) device_refused = true;
+  void* ptr = result.got;
   if (!ptr) return nullptr;
   uncached_.emplace(reinterpret_cast<std::uintptr_t>(ptr), bytes);
   uncached_bytes_ += bytes;
