@@ -111,7 +111,7 @@ void CachingAllocator::configure(int index, const AllocatorConfig& config) {
     ready->set_limit(config.limit);
     ready->set_release_threshold(config.release_threshold);
     ready->set_growable(config.growable);
-    if (ready->scope() != config.scope) ready->set_scope(config.scope);
+    ready->set_scope(config.scope);
   }
   configs_[index] = config;
 }

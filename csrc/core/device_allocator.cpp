@@ -510,7 +510,7 @@ void DeviceAllocator::measure_outside_locked() {
     cap_.set_outside(device_used > held ? device_used - held : 0);
     outside_source_.store(OutsideSource::kDeviceAtFirst, std::memory_order_relaxed);
   }
-  if (cap_.reserved() > cap_.budget() && pool_targets_.empty()) release_oldest_until(cap_.budget());
+  give_back_over_limit();  // what is outside may have grown past what reserved leaves it
 }
 
 // Setting the process scope measures at once only where the device holds memory (and so has a
@@ -519,6 +519,7 @@ void DeviceAllocator::measure_outside_locked() {
 void DeviceAllocator::set_scope(LimitScope scope) {
   std::lock_guard<Lock> lock(mutex_);
   const LimitScope before = scope_;
+  if (scope == before) return;
   scope_ = scope;
   if (scope == LimitScope::kAllocator) {
     cap_.set_outside(0);

@@ -122,8 +122,9 @@ class DeviceAllocator {
   void set_limit(std::string_view spec);
   std::size_t limit() const { return cap_.limit(); }
   std::size_t reserved() const { return cap_.reserved(); }  // lock-free, as limit()
-  // What the limit bounds; setting kProcess measures the memory outside the allocator at once,
-  // and releases cached memory down to the budget it leaves.
+  // What the limit bounds; setting kProcess (where it was not) measures the memory outside the
+  // allocator at once if the device holds memory, and releases cached memory down to the budget
+  // it leaves. Setting the scope in effect changes nothing.
   void set_scope(LimitScope scope);
   LimitScope scope() const;
   // The process's memory on the device outside the allocator, as last measured (0 under

@@ -4,23 +4,6 @@ namespace gpumem {
 
 const char* const kStatTypeNames[kNumStatTypes] = {"all", "small_pool", "large_pool"};
 
-void DeviceStats::reset_peak() {
-#define GPUMEM_RESET_PEAK(name, help) \
-  for (Stat& s : name) s.reset_peak();
-  GPUMEM_STAT_ARRAYS(GPUMEM_RESET_PEAK)
-#undef GPUMEM_RESET_PEAK
-}
-
-void DeviceStats::reset_accumulated() {
-#define GPUMEM_RESET_ACC(name, help) \
-  for (Stat& s : name) s.reset_accumulated();
-  GPUMEM_STAT_ARRAYS(GPUMEM_RESET_ACC)
-#undef GPUMEM_RESET_ACC
-#define GPUMEM_RESET_COUNTER(name, help) name = 0;
-  GPUMEM_STAT_COUNTERS(GPUMEM_RESET_COUNTER)
-#undef GPUMEM_RESET_COUNTER
-}
-
 StatArray StatLedger::Figure::read() const {
   StatArray out;
   out[kAll] = Stat{whole, whole_peak, increased[0] + increased[1], decreased[0] + decreased[1]};

@@ -50,18 +50,13 @@ struct Stat {
   std::int64_t allocated = 0;  // accumulated increases
   std::int64_t freed = 0;      // accumulated decreases
 
-  // The sign is known where these are called; separate functions keep the hot path branch-free.
+  // For statistics recomputed from the blocks (the invariant checker); the allocator's own go
+  // through StatLedger's events.
   void increase(std::int64_t amount) {
     current += amount;
     peak = current > peak ? current : peak;
     allocated += amount;
   }
-  void decrease(std::int64_t amount) {
-    current -= amount;
-    freed += amount;
-  }
-  void reset_peak() { peak = current; }
-  void reset_accumulated() { allocated = 0; freed = 0; }
 };
 
 enum StatType : int { kAll = 0, kSmallPool = 1, kLargePool = 2, kNumStatTypes = 3 };
@@ -77,19 +72,13 @@ struct DeviceStats {
   GPUMEM_STAT_COUNTERS(GPUMEM_DECLARE_COUNTER)
 #undef GPUMEM_DECLARE_COUNTER
 
-  void reset_peak();
-  // Zeroes the accumulated figures (allocated / freed of every array, and the counters).
-  void reset_accumulated();
 };
 
-// Changes the "all" entry and the pool's entry by `amount` (>= 0).
+// Raises the "all" entry and the pool's entry by `amount` (>= 0): how the invariant checker adds
+// up what the blocks hold.
 inline void increase_stat(StatArray& stat, bool small_pool, std::int64_t amount) {
   stat[kAll].increase(amount);
   stat[small_pool ? kSmallPool : kLargePool].increase(amount);
-}
-inline void decrease_stat(StatArray& stat, bool small_pool, std::int64_t amount) {
-  stat[kAll].decrease(amount);
-  stat[small_pool ? kSmallPool : kLargePool].decrease(amount);
 }
 
 // The statistics as a device allocator keeps them: changed only through the named events below,
