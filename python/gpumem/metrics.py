@@ -132,12 +132,11 @@ def _device_samples(figures: dict):
     yield "gpumem_allocated_peak_bytes", stats["allocated_bytes.all.peak"], ()
     yield "gpumem_reserved_bytes", reserved, ()
     yield "gpumem_reserved_peak_bytes", stats["reserved_bytes.all.peak"], ()
-    process_scope = figures.get("scope") == "process"
-    outside = figures.get("outside", 0) if process_scope else 0
+    outside = figures["outside"]  # 0 but under a limit on the whole process
     yield "gpumem_limit_bytes", limit, ()
     yield "gpumem_counted_bytes", reserved + outside, ()
     yield "gpumem_free_under_limit_bytes", max(limit - reserved - outside, 0), ()
-    if process_scope and figures.get("outside_source") != "none":
+    if figures["outside_source"] != "none":  # measured: only ever under a limit on the whole process
         yield "gpumem_process_outside_bytes", outside, (figures["outside_source"],)
     if figures["device_free"] is not None:
         used = figures["device_total"] - figures["device_free"]

@@ -55,7 +55,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from gpumem import _C, _proc, metrics
+from gpumem import _C, _proc, _scope, metrics
 from gpumem._words import bounded, shown_path
 from gpumem.snapshot_file import read_at_most
 
@@ -134,7 +134,7 @@ def device_figures(source, fixed: Callable[[int], dict]) -> list[dict]:
         figures.update({name: stats[key] for name, key in STATS.items()})
         figures["ooms"] = {case: stats[key] for case, key in metrics.OOM_CASES.items()}
         figures["scope"] = source.get_scope(device)
-        figures["outside"] = source.outside(device) if figures["scope"] == "process" else 0
+        figures["outside"] = source.outside(device)  # 0 under the allocator scope
         devices.append(figures)
     return devices
 
@@ -404,9 +404,9 @@ def _checked_device(data: object) -> dict:
                "limit": _count(data.get("limit"), "limit")}
     checked.update({name: _count(data.get(name), name) for name in STATS})
     checked["ooms"] = {case: _count(ooms.get(case), f"ooms {case}") for case in metrics.OOM_CASES}
-    scope = data.get("scope", "allocator")
-    if scope not in ("allocator", "process"):
-        raise ValueError('scope is not "allocator" or "process"')
+    scope = data.get("scope", _scope.ALLOCATOR)
+    if scope not in (_scope.ALLOCATOR, _scope.PROCESS):
+        raise ValueError(f"scope is not {_scope.FORMS}")
     checked["scope"] = scope
     checked["outside"] = _count(data.get("outside", 0), "outside")
     return checked

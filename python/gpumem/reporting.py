@@ -15,7 +15,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
-from gpumem import _C, _segments
+from gpumem import _C, _scope, _segments
 from gpumem._words import shown
 
 OUTSIDE_NOTE = (
@@ -203,8 +203,9 @@ def _rows(d: DeviceReport) -> list[tuple[str, str, str]]:
         ("reserved", _size(d.reserved), _size(d.stat("reserved_bytes.all.peak"))),
         ("inactive split", _size(d.stat("inactive_split_bytes.all.current")),
          _size(d.stat("inactive_split_bytes.all.peak"))),
-        ("limit, whole process" if d.scope == "process" else "limit", _size(d.limit), ""),
-    ] + ([("outside gpumem, counted", _size(d.outside), d.outside_source or "")] if d.scope == "process" else []) + (
+        ("limit, whole process" if d.scope == _scope.PROCESS else "limit", _size(d.limit), ""),
+    ] + ([("outside gpumem, counted", _size(d.outside), d.outside_source or "")]
+         if d.scope == _scope.PROCESS else []) + (
         [] if d.segments is None else [("segments", d.segments, "")]) + [
         ("largest free block", _size(d.largest_free_block), ""),
         ("device total", _size(d.total), ""),

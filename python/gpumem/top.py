@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from gpumem import _C, _nvml, _proc, publish
+from gpumem import _C, _nvml, _proc, _scope, publish
 from gpumem._words import shown
 
 WARN_AT = 0.85
@@ -260,7 +260,7 @@ def _note(row: Row) -> str:
         notes.append("not in NVML's list")
     if row.figures is not None and row.gpu is None:
         notes.append(f"its device {row.figures['index']}, GPU not identified")
-    if row.figures is not None and row.figures["scope"] == "process":
+    if row.figures is not None and row.figures["scope"] == _scope.PROCESS:
         notes.append(f"limit on the whole process, {_size(row.figures['outside'])} outside gpumem")
     return "; ".join(notes)
 

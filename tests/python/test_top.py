@@ -601,13 +601,20 @@ def test_the_publisher_rewrites_the_file_only_when_a_figure_changed(run_dir, mon
         assert json.load(file)["devices"][0]["allocated"] == 200 * MiB
 
 
-def test_an_unchanged_file_is_touched_at_each_heartbeat(run_dir):
+def clocked_publisher(run_dir):
+    """A Publisher over a simulated device holding 100 MiB, on a clock the test sets (now[0]), that
+    has written its file once at time 0."""
     now = [0.0]
     sim = _C.SimAllocator(8 * GiB)
     sim.malloc(0, 100 * MiB)
     publisher = publish.Publisher(run_dir, source=sim, identity=identity(), uuid_of=lambda d: None,
                                   clock=lambda: now[0])
     publisher.step()
+    return publisher, now
+
+
+def test_an_unchanged_file_is_touched_at_each_heartbeat(run_dir):
+    publisher, now = clocked_publisher(run_dir)
     os.utime(publisher.path, (1, 1))
     now[0] = publish.HEARTBEAT_SECONDS - 1
     publisher.step()
@@ -618,12 +625,7 @@ def test_an_unchanged_file_is_touched_at_each_heartbeat(run_dir):
 
 
 def test_a_file_removed_from_under_the_publisher_is_written_again_at_the_heartbeat(run_dir):
-    now = [0.0]
-    sim = _C.SimAllocator(8 * GiB)
-    sim.malloc(0, 100 * MiB)
-    publisher = publish.Publisher(run_dir, source=sim, identity=identity(), uuid_of=lambda d: None,
-                                  clock=lambda: now[0])
-    publisher.step()
+    publisher, now = clocked_publisher(run_dir)
     os.unlink(publisher.path)
     now[0] = publish.HEARTBEAT_SECONDS
     assert publisher.step()
