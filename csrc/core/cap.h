@@ -12,7 +12,7 @@
 // driver counts for the process on the device beyond the allocator's reserved bytes (the CUDA
 // context, library workspaces, NCCL's buffers). Reserved may then grow only to the budget, limit -
 // outside, and the watches measure reserved + outside against the limit. The device allocator
-// measures outside (Note [a limit on the whole process], core/device_allocator.cpp); under the
+// measures outside (Note [a limit on the whole process], core/limits.cpp); under the
 // default scope it stays 0.
 #pragma once
 

@@ -9,7 +9,14 @@
 // A default-pool request that step 2 could not serve first tries the cached free blocks of held
 // use_on_oom pools (core/private_pools.cpp), before anything is released.
 //
-// All state is guarded by one mutex per device; every public method takes it once, and private
+// The class is written over several files, one concept each: the chain, free and stream events
+// here and in device_allocator.cpp; the limit and its scope in limits.cpp; releasing cached memory
+// in release.cpp; growable segments in growable.cpp; private pools in private_pools.cpp; caching
+// off in uncached.cpp; capture reuse in capture_reuse.cpp; the checker in invariants.cpp. The free
+// set, split and merge, the cap and the statistics are types of their own (free_set.h,
+// split_merge.h, cap.h, stats.h).
+//
+// All state is guarded by one lock per device; every public method takes it once, and private
 // methods (suffix _locked where it matters) never take it.
 #pragma once
 
@@ -29,7 +36,9 @@
 
 #include "core/backend.h"
 #include "core/block.h"
-#include "core/block_pool.h"
+#include "core/block_arena.h"
+#include "core/pool.h"
+#include "core/split_merge.h"
 #include "core/cap.h"
 #include "core/lock.h"
 #include "core/errors.h"

@@ -36,6 +36,16 @@ bool larger(const Block* a, const Block* b) { return a->size > b->size; }
 
 }  // namespace
 
+void DeviceAllocator::set_growable(bool on) {
+  std::lock_guard<Lock> lock(mutex_);
+  growable_ = on;
+}
+
+bool DeviceAllocator::growable() const {
+  std::lock_guard<Lock> lock(mutex_);
+  return growable_ && page_size_ > 0;
+}
+
 bool DeviceAllocator::uses_growable(const Pool& pool) const {
   return growable_ && page_size_ > 0 && &pool == &default_pool_;
 }

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "core/block.h"
+#include "core/pool.h"
 #include "core/sizing.h"
 
 #ifndef GPUMEM_TORCH_HAS_DEVICE_ALLOCATOR_BASE

@@ -25,6 +25,7 @@
 
 #include "core/backend.h"
 #include "core/block.h"
+#include "core/pool.h"
 #include "torch/compat.h"
 
 namespace gpumem {

@@ -1,4 +1,4 @@
-// A limit on the whole process (Note [a limit on the whole process], core/device_allocator.cpp):
+// A limit on the whole process (Note [a limit on the whole process], core/limits.cpp):
 // what the driver counts for the process, the allocator's memory and what it does not hold, stays
 // under the limit. The simulated device plays the driver: set_use_outside is a library's buffers
 // (and other processes' memory), and its ledger is what the allocator holds, so ledger.in_use +

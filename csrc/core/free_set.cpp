@@ -1,4 +1,4 @@
-#include "core/block_pool.h"
+#include "core/free_set.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -6,24 +6,6 @@
 #include <utility>
 
 namespace gpumem {
-
-namespace {
-constexpr std::size_t kArenaChunk = 256;
-}  // namespace
-
-void BlockArena::grow() {
-  chunks_.emplace_back(new Block[kArenaChunk]);
-  Block* chunk = chunks_.back().get();
-  for (std::size_t i = kArenaChunk; i-- > 0;) spare_.push_back(&chunk[i]);
-}
-
-void BlockArena::recycle(Block* block) {
-  block->stream_uses.clear();
-  std::vector<StreamId> keep = std::move(block->stream_uses);
-  *block = Block{};
-  block->stream_uses = std::move(keep);  // keeps the vector's capacity for the next user
-  spare_.push_back(block);
-}
 
 // ---- the red-black tree of one size class ----
 //
@@ -342,57 +324,6 @@ void FreeBlocks::check() const {
     }
   }
   if (count != count_) broken_free_set("size() differs from the blocks in the trees");
-}
-
-Block* split_block(Block* block, std::size_t size, BlockArena& arena) {
-  Block* rest = arena.make();
-  rest->addr = block->addr + size;
-  rest->size = block->size - size;
-  rest->stream = block->stream;
-  rest->segment = block->segment;
-  rest->mapped = block->mapped;
-  rest->prev = block;
-  rest->next = block->next;
-  if (rest->next) rest->next->prev = rest;
-  block->next = rest;
-  block->size = size;
-  return rest;
-}
-
-namespace {
-
-// Folds `later` (the block right after `earlier`) into `earlier`.
-void absorb(Block* earlier, Block* later, BlockArena& arena) {
-  earlier->size += later->size;
-  earlier->next = later->next;
-  if (earlier->next) earlier->next->prev = earlier;
-  arena.recycle(later);
-}
-
-}  // namespace
-
-Merge merge_free_neighbours(Block* block, FreeBlocks& blocks, BlockArena& arena) {
-  Merge merge{block, {0, 0}, 0};
-  if (Block* next = block->next; next && next->is_free() && next->mapped == block->mapped) {
-    merge.absorbed[merge.absorbed_count++] = next->size;
-    blocks.erase(next);
-    absorb(block, next, arena);
-  }
-  if (Block* prev = block->prev; prev && prev->is_free() && prev->mapped == block->mapped) {
-    merge.absorbed[merge.absorbed_count++] = prev->size;
-    blocks.erase(prev);
-    absorb(prev, block, arena);
-    merge.block = prev;
-  }
-  return merge;
-}
-
-std::size_t largest_free_block(const Pool& pool) {
-  std::size_t largest = 0;
-  for (const FreeBlocks* set : {&pool.small_blocks, &pool.large_blocks}) {
-    set->for_each([&](const Block* b) { largest = std::max(largest, b->size); });
-  }
-  return largest;
 }
 
 }  // namespace gpumem

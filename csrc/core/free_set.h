@@ -1,0 +1,109 @@
+// The free set: a pool's free blocks of one size class, binned by stream and size class, each
+// class a red-black tree of the blocks themselves. Best fit, insert and erase are here; what a
+// free block is and when it is in a set are block.h's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/block.h"
+
+namespace gpumem {
+
+// One size class (small or large) of a pool's free blocks.
+//
+// Design note. Best fit runs on every cached allocation, and a split or merge adds up to three
+// inserts and erases around it, so these must cost a few dozen instructions, not a tree walk over
+// every free block of the pool with a node handle moved in and out (what std::set cost: about 45%
+// of a malloc+free pair). The blocks are therefore binned twice before anything is ordered:
+//   - by stream: one StreamBins per stream, found through a last-hit cache (most programs use one
+//     to three streams) and else a binary search; a request never sees another stream's blocks.
+//   - by size class: sizes up to 1 MiB (the small pool; multiples of 512) have one exact class per
+//     512 bytes, 2048 in all; larger sizes have 16 log-linear classes per power of two. Classes
+//     are monotone in size, so every block of a higher class is at least as large as any request
+//     of a lower one, and a bitmap of non-empty classes (two levels of 64-bit words) finds the next
+//     non-empty class with two ctz.
+// Each class is a red-black tree ordered by (size, address) whose nodes are the blocks themselves
+// (Block::where): no allocation per operation, erase from the block's own position. Best fit is a
+// lower_bound in the request's class, else the lowest (size, address) of the next non-empty class:
+// exactly the smallest block of at least the size, the lowest address among equals, and O(log n)
+// at worst (a class holds at most n blocks; the bitmap scan is constant). Classes typically hold
+// zero to two blocks, so most operations are a root assignment and a bit flip. The price is memory:
+// a stream's bins hold a root per class, about 22 KB, for each pool and size class it is used in.
+//
+// Invariants (check() asserts them): a block is in the tree of class_of(size) of its stream's bins;
+// each tree is a red-black tree in (size, address) order; a class's bit is set iff its tree is not
+// empty, and a summary bit iff its word is not zero; size() counts the blocks in all trees.
+class FreeBlocks {
+ public:
+  FreeBlocks() = default;
+  FreeBlocks(const FreeBlocks&) = delete;
+  FreeBlocks& operator=(const FreeBlocks&) = delete;
+
+  void insert(Block* block);
+  void erase(Block* block);
+  // The smallest free block on `stream` of at least `size` bytes (the lowest address among equal
+  // sizes), removed; nullptr if none.
+  Block* take_best_fit(StreamId stream, std::size_t size);
+
+  bool contains(const Block* block) const;
+  std::size_t size() const { return count_; }
+  // Throws std::logic_error unless the invariants below hold: for tests and the invariant checker.
+  void check() const;
+  template <typename F>
+  void for_each(F f) const {
+    for (const auto& bins : streams_) {
+      for (const Block* b = first(*bins); b; b = next(*bins, b)) f(b);
+    }
+  }
+  // The blocks of one stream, smallest first.
+  template <typename F>
+  void for_each_on(StreamId stream, F f) const {
+    if (const StreamBins* bins = find_slow(stream)) {
+      for (const Block* b = first(*bins); b; b = next(*bins, b)) f(b);
+    }
+  }
+
+  // Size classes: one per 512 bytes up to 1 MiB, then 16 per power of two up to 2^64.
+  static constexpr unsigned kExactClasses = kSmallSize / kMinBlockSize;
+  static constexpr unsigned kClasses = kExactClasses + (64 - 20) * 16;
+  static unsigned class_of(std::size_t size) {
+    if (size <= kSmallSize) return size <= kMinBlockSize ? 0 : static_cast<unsigned>((size - 1) / kMinBlockSize);
+    const unsigned log2 = 63 - static_cast<unsigned>(__builtin_clzll(size));  // 20 or more
+    const auto sub = static_cast<unsigned>(size >> (log2 - 4)) & 15;           // the 4 bits below the top one
+    return kExactClasses + (log2 - 20) * 16 + sub;
+  }
+
+ private:
+  struct StreamBins;
+  static constexpr unsigned kWords = kClasses / 64;
+  static constexpr unsigned kNone = kClasses;  // next_class: no non-empty class
+  static_assert(kSmallSize == std::size_t{1} << 20, "class_of counts powers of two from 2^20");
+  static_assert(kClasses % 64 == 0 && kWords < 64, "the bitmap is two levels of 64-bit words");
+
+  StreamBins* find(StreamId stream) const;
+  StreamBins* find_slow(StreamId stream) const;
+  static bool stream_below(const std::unique_ptr<StreamBins>& bins, StreamId stream);
+  StreamBins& find_or_add(StreamId stream);
+  StreamBins& add(StreamId stream);
+  static unsigned next_class(const StreamBins& bins, unsigned from);  // first non-empty >= from, or kNone
+  void unlink(StreamBins& bins, unsigned cls, Block* block);
+  static const Block* first(const StreamBins& bins);
+  static const Block* next(const StreamBins& bins, const Block* block);
+
+  std::vector<std::unique_ptr<StreamBins>> streams_;  // sorted by stream
+  mutable StreamBins* last_ = nullptr;                // the last stream looked up
+  std::size_t count_ = 0;
+};
+
+// The free blocks of one stream.
+struct FreeBlocks::StreamBins {
+  StreamId stream = 0;
+  std::uint64_t summary = 0;         // bit w: words[w] != 0
+  std::uint64_t words[kWords] = {};  // bit c: roots[c] != nullptr
+  Block* roots[kClasses] = {};       // the tree of each class
+};
+
+}  // namespace gpumem
