@@ -1,8 +1,8 @@
 // The hard cap on one device's reserved bytes.
 //
 // Bytes are counted as reserved before the backend is asked for them and given back if it refuses
-// (reserve, ask, roll back), so reserved never passes the limit, not by one byte, whatever the
-// threads do. Lowering the limit below what is reserved is allowed: nothing grows until reserved
+// (reserve, ask, roll back: Cap::grow, the one place that rule is written), so reserved never
+// passes the limit, not by one byte, whatever the threads do. Lowering the limit below what is reserved is allowed: nothing grows until reserved
 // is under it again.
 //
 // The cap also carries the device's pressure watches (core/pressure.h): every change of reserved
@@ -24,6 +24,14 @@
 
 namespace gpumem {
 
+// Why Cap::grow got nothing: the cap would pass the budget, or the device had no memory for it.
+enum class Refusal { kNone, kCap, kDevice };
+template <class T>
+struct Capped {
+  T got{};
+  Refusal refusal = Refusal::kNone;
+};
+
 class Cap {
  public:
   explicit Cap(std::size_t limit) : limit_(limit) {}
@@ -36,6 +44,27 @@ class Cap {
       if (current > limit || bytes > limit - current) return false;
     } while (!reserved_.compare_exchange_weak(current, current + bytes, std::memory_order_relaxed));
     return true;
+  }
+
+  // The cap's rule, for every way of getting memory (a segment from a pool's source, pages of a
+  // growable segment, uncached memory): count `bytes` first, then ask the device (`ask` returns a
+  // pointer or a bool); if it refuses or throws, the bytes are given back.
+  template <class Ask>
+  auto grow(std::size_t bytes, Ask&& ask) -> Capped<decltype(ask())> {
+    if (!try_reserve(bytes)) return {{}, Refusal::kCap};
+    decltype(ask()) got{};
+    try {
+      got = ask();
+    } catch (...) {
+      unreserve(bytes);
+      throw;
+    }
+    if (!got) {
+      unreserve(bytes);
+      return {got, Refusal::kDevice};
+    }
+    grown();
+    return {got, Refusal::kNone};
   }
 
   // The device handed out the memory try_reserve counted. Not told in try_reserve itself: a

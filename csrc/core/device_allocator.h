@@ -213,36 +213,10 @@ class DeviceAllocator {
     std::size_t size;
     bool device_refused = false;
   };
-  // Why capped() got nothing: the cap would pass the limit, or the device had no memory.
-  enum class Refusal { kNone, kCap, kDevice };
-  template <class T>
-  struct Capped {
-    T got{};
-    Refusal refusal = Refusal::kNone;
-  };
-  // The cap's rule, for every way of getting memory: count `bytes` first, then ask the device
-  // (`ask` returns a pointer or a bool); if it refuses or throws the bytes are given back.
-  template <class Ask>
-  auto capped(std::size_t bytes, Ask&& ask) -> Capped<decltype(ask())> {
-    if (!cap_.try_reserve(bytes)) return {{}, Refusal::kCap};
-    decltype(ask()) got{};
-    try {
-      got = ask();
-    } catch (...) {
-      cap_.unreserve(bytes);
-      throw;
-    }
-    if (!got) {
-      cap_.unreserve(bytes);
-      return {got, Refusal::kDevice};
-    }
-    cap_.grown();
-    return {got, Refusal::kNone};
-  }
-  // capped() for a request: a device's refusal is noted on it.
+  // The cap's rule (Cap::grow) for a request: a device's refusal is noted on it.
   template <class Ask>
   auto capped_for(Request& r, std::size_t bytes, Ask&& ask) -> decltype(ask()) {
-    auto result = capped(bytes, std::forward<Ask>(ask));
+    auto result = cap_.grow(bytes, std::forward<Ask>(ask));
     if (result.refusal == Refusal::kDevice) r.device_refused = true;
     return result.got;
   }

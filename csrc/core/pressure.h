@@ -12,7 +12,7 @@
 //
 // Only counting happens here. Acting on a crossing (a Python callback, a log line) is done by
 // whoever polls for_each(), outside the allocator: never with its lock held. The watches are told
-// of growth where the device handed out new memory (Cap::grown, from DeviceAllocator::capped),
+// of growth where the device handed out new memory (Cap::grown, from Cap::grow),
 // never on the cached path; with no armed watch at or below reserved that is one relaxed load and
 // a compare. Changes (watch, set_limit, grew, shrank) come from one thread at a time: the device's
 // lock is held. The counts are atomics, so for_each reads them from any thread without the lock.

@@ -28,7 +28,7 @@ void* DeviceAllocator::malloc_uncached(std::size_t requested) {
 }
 
 void* DeviceAllocator::reserve_uncached(std::size_t bytes, bool& device_refused) {
-  const auto result = capped(bytes, [&] { return backend_.reserve(device_, bytes); });
+  const auto result = cap_.grow(bytes, [&] { return backend_.reserve(device_, bytes); });
   if (result.refusal == Refusal::kDevice) device_refused = true;
   void* ptr = result.got;
   if (!ptr) return nullptr;
