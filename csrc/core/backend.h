@@ -54,7 +54,7 @@ class Backend {
   // Waits for the work queued on one stream so far.
   virtual void synchronize_stream(int device, StreamId stream) = 0;
 
-  // ---- Virtual memory, for growable segments (see core/growable.cpp) ----
+  // ---- Virtual memory, for growable segments (see core/growable_segments.cpp) ----
   // A backend without it keeps these defaults: page_size 0 means "not supported", and the
   // allocator then uses plain segments only.
 

@@ -67,7 +67,7 @@ struct Segment {
   StreamId stream = 0;
   Pool* pool = nullptr;
   bool small = false;            // small-pool segment
-  bool growable = false;         // an address range mapped page by page (see core/growable.cpp)
+  bool growable = false;         // an address range mapped page by page (see core/growable_segments.cpp)
   std::size_t mapped = 0;        // bytes backed by memory: `size` for a plain segment
   std::uint64_t serial = 0;      // creation order: lower is older
   SegmentSource* source = nullptr;  // where it goes back: its pool's source
@@ -77,5 +77,22 @@ struct Segment {
   // A plain segment that is one free block: it can go back to the device whole.
   bool is_unused() const { return !growable && head->is_free() && head->size == size; }
 };
+
+// Calls f(first, end, stop) for each mapped stretch of `segment`: its first block, the block after
+// it (nullptr at the segment's end) and the address it stops at. A plain segment is one stretch.
+// Unmapped blocks are whole pages, so in a growable segment a stretch is whole pages too.
+template <typename F>
+void for_each_stretch(const Segment& segment, F f) {
+  for (const Block* b = segment.head; b;) {
+    if (!b->mapped) {
+      b = b->next;
+      continue;
+    }
+    const Block* end = b;
+    while (end && end->mapped) end = end->next;
+    f(b, end, end ? end->addr : segment.addr + segment.size);
+    b = end;
+  }
+}
 
 }  // namespace gpumem

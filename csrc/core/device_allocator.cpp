@@ -16,40 +16,22 @@ void check_release_threshold(double share) {
   }
 }
 
-namespace {
-
-// Calls f(first, end, stop) for each mapped stretch of `segment`: its first block, the block after
-// it (nullptr at the segment's end) and the address it stops at. A plain segment is one stretch.
-// Unmapped blocks are whole pages, so in a growable segment a stretch is whole pages too.
-template <typename F>
-void for_each_stretch(const Segment& segment, F f) {
-  for (const Block* b = segment.head; b;) {
-    if (!b->mapped) {
-      b = b->next;
-      continue;
-    }
-    const Block* end = b;
-    while (end && end->mapped) end = end->next;
-    f(b, end, end ? end->addr : segment.addr + segment.size);
-    b = end;
-  }
-}
-
-}  // namespace
-
 DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorConfig& config)
-    : backend_(backend), device_(device), backend_source_(backend, device), cap_(0), release_threshold_(0.0) {
-  device_total_ = backend_.total_memory(device);
+    : backend_(backend),
+      device_(device),
+      d_(backend, device, this),
+      plain_(d_),
+      growable_(d_, plain_, backend.page_size(device), config.growable),
+      release_threshold_(0.0) {
+  d_.device_total = backend_.total_memory(device);
   check_release_threshold(config.release_threshold);
-  if (config.limit && *config.limit > device_total_) {
+  if (config.limit && *config.limit > d_.device_total) {
     throw LimitSpecError("gpumem: limit of " + format_bytes(*config.limit) + " is above device " +
-                         std::to_string(device) + "'s total of " + format_bytes(device_total_));
+                         std::to_string(device) + "'s total of " + format_bytes(d_.device_total));
   }
-  cap_.set_limit(config.limit.value_or(device_total_));
+  d_.cap.set_limit(config.limit.value_or(d_.device_total));
   scope_ = config.scope;  // measured at the first growth: the backend is not asked yet
   release_threshold_ = config.release_threshold;
-  page_size_ = backend_.page_size(device);
-  growable_ = config.growable;
 }
 
 DeviceAllocator::~DeviceAllocator() {
@@ -60,16 +42,7 @@ DeviceAllocator::~DeviceAllocator() {
   for (const auto& [addr, bytes] : uncached_) {
     quietly([&] { backend_.release(device_, reinterpret_cast<void*>(addr), bytes); });
   }
-  for (auto& [addr, segment] : segments_) {
-    if (!segment->growable) {
-      quietly([&] { segment->source->release(segment->head->ptr(), segment->size); });
-      continue;
-    }
-    for_each_stretch(*segment, [&](const Block* first, const Block*, std::uintptr_t stop) {
-      quietly([&] { backend_.unmap(device_, first->ptr(), stop - first->addr); });
-    });
-    quietly([&] { backend_.release_address(device_, segment->head->ptr(), segment->size); });
-  }
+  for (const auto& [addr, segment] : d_.segments) memory_of(*segment).drop(*segment);
 }
 
 // ---- malloc: the fallback chain ----
@@ -78,7 +51,7 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
   std::lock_guard<Lock> lock(mutex_);
   // While a graph may be capturing, event queries are illegal; blocks wait until it ends, or
   // until the capture graph shows they may be reused (core/capture_reuse.cpp).
-  if (pool_targets_.empty()) {
+  if (!d_.capturing()) {
     process_events();
   } else if (capture_reuse_ && !deferred_.empty()) {
     reuse_deferred(stream);
@@ -91,22 +64,22 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
   Block* block = try_cached(*r.pool, r);
   if (block) return place(block, size, requested);
   measure_outside_locked();
-  if (!fits_under(allocated_locked(), size, cap_.budget())) throw_oom(requested, size);
-  block = try_new_memory(r);
-  if (!block && r.pool == &default_pool_) block = try_use_on_oom_pools(r);
+  if (!fits_under(allocated_locked(), size, d_.cap.budget())) throw_oom(requested, size);
+  block = memory_for(*r.pool).grow(r);
+  if (!block && r.pool == &d_.default_pool) block = try_use_on_oom_pools(r);
   bool retried = false;
   if (!block && release_for(r)) {
     retried = true;
-    block = try_new_memory(r);
+    block = memory_for(*r.pool).grow(r);
   }
-  if (!block && pool_targets_.empty()) {
+  if (!block && !d_.capturing()) {
     retried = true;
     synchronize_and_process_events();
     release_all_unused();
     block = try_cached(*r.pool, r);
-    if (!block) block = try_new_memory(r);
+    if (!block) block = memory_for(*r.pool).grow(r);
   }
-  if (retried) ++stats_.num_alloc_retries;
+  if (retried) ++d_.stats.num_alloc_retries;
   if (!block) throw_oom(requested, size, r.device_refused);
   block = place(block, size, requested);
   if (release_threshold_ > 0.0) apply_release_threshold();
@@ -114,87 +87,21 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
 }
 
 std::size_t DeviceAllocator::allocated_locked() const {
-  return static_cast<std::size_t>(stats_.allocated_bytes()) + uncached_bytes_;
+  return static_cast<std::size_t>(d_.stats.allocated_bytes()) + uncached_bytes_;
 }
 
 Pool& DeviceAllocator::targeted_pool_locked(StreamId stream) {
-  for (auto it = pool_targets_.rbegin(); it != pool_targets_.rend(); ++it) {
+  for (auto it = d_.targets.rbegin(); it != d_.targets.rend(); ++it) {
     if (it->filter(stream)) return *it->pool;
   }
-  return default_pool_;
+  return d_.default_pool;
 }
 
 // A cached free block of `pool` for the request (its class, stream and size), or nullptr.
 Block* DeviceAllocator::try_cached(Pool& pool, const Request& r) {
   Block* block = pool.blocks_for(r.small).take_best_fit(r.stream, r.size);
-  if (block && block->is_split()) stats_.absorb(r.small, block->size);
+  if (block && block->is_split()) d_.stats.absorb(r.small, block->size);
   return block;
-}
-
-Block* DeviceAllocator::try_new_segment(Request& r) {
-  const std::size_t normal = segment_size(r.size);
-  if (Block* block = reserve_segment(r, normal)) return block;
-  const std::size_t tight = tight_segment_size(r.size);
-  return tight == normal ? nullptr : reserve_segment(r, tight);
-}
-
-// The cap first, then the pool's source (the backend, or a MemPool's allocator); the cap is given
-// back if the source refuses or throws.
-Block* DeviceAllocator::reserve_segment(Request& r, std::size_t bytes) {
-  void* ptr = capped_for(r, bytes, [&] { return source_of(*r.pool).reserve(bytes); });
-  if (!ptr) return nullptr;
-  if (overlaps_segment(reinterpret_cast<std::uintptr_t>(ptr), bytes)) {
-    cap_.unreserve(bytes);  // the memory is not the allocator's: it cannot be given back either
-    throw_overlap("reserve", ptr, bytes);
-  }
-  Segment* segment = add_segment(*r.pool, r.small, r.stream, reinterpret_cast<std::uintptr_t>(ptr), bytes);
-  segment->mapped = bytes;
-  stats_.reserve(r.small, bytes, 1);
-  ++stats_.num_device_alloc;
-  reserved_high_ = std::max(reserved_high_, cap_.reserved());
-  return segment->head;
-}
-
-// New memory for the pool: pages of a growable segment where the pool uses them, else a segment.
-Block* DeviceAllocator::try_new_memory(Request& r) {
-  return uses_growable(*r.pool) ? try_grow(r) : try_new_segment(r);
-}
-
-// A backend that hands out memory the allocator already holds is broken; going on would corrupt
-// the segment table, so the request fails instead (a RuntimeError in Python).
-bool DeviceAllocator::overlaps_segment(std::uintptr_t addr, std::size_t size) const {
-  auto after = segments_.lower_bound(addr);
-  if (after != segments_.end() && after->first - addr < size) return true;
-  if (after == segments_.begin()) return false;
-  const Segment& before = *std::prev(after)->second;
-  return addr - before.addr < before.size;
-}
-
-void DeviceAllocator::throw_overlap(const char* call, const void* ptr, std::size_t size) const {
-  throw std::logic_error("gpumem: device " + std::to_string(device_) + "'s " + call + " handed out " +
-                         std::to_string(size) + " bytes at " + std::to_string(reinterpret_cast<std::uintptr_t>(ptr)) +
-                         ", which overlap memory the allocator already holds; the backend is broken");
-}
-
-// Files a segment of [addr, addr + size) under the pool, as one block; statistics are the caller's.
-Segment* DeviceAllocator::add_segment(Pool& pool, bool small, StreamId stream, std::uintptr_t addr, std::size_t size) {
-  auto segment = std::make_unique<Segment>();
-  segment->addr = addr;
-  segment->size = size;
-  segment->stream = stream;
-  segment->pool = &pool;
-  segment->small = small;
-  segment->serial = next_serial_++;
-  segment->source = &source_of(pool);
-  segment->owner = this;
-  Block* head = arena_.make();
-  head->addr = addr;
-  head->size = size;
-  head->stream = stream;
-  head->segment = segment.get();
-  segment->head = head;
-  ++pool.segments;
-  return segments_.emplace(addr, std::move(segment)).first->second.get();
 }
 
 // Hands out the front of `block`, returning the rest to the pool when it is worth keeping and the
@@ -203,40 +110,40 @@ Segment* DeviceAllocator::add_segment(Pool& pool, bool small, StreamId stream, s
 Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t requested) {
   const bool small = block->segment->small;
   if (should_split(block->size, size) && !block->segment->pool->no_split) {
-    Block* rest = split_block(block, size, arena_);
+    Block* rest = split_block(block, size, d_.arena);
     block->segment->pool->blocks_for(small).insert(rest);
-    stats_.split(small, rest->size);
+    d_.stats.split(small, rest->size);
   }
   block->allocated = true;
   block->requested = requested;
-  stats_.hand_out(small, block->size, requested);
+  d_.stats.hand_out(small, block->size, requested);
   debug_check();
   return block;
 }
 
 void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size, bool device_refused) {
-  ++stats_.num_ooms;
+  ++d_.stats.num_ooms;
   OomInfo info;
   info.device = device_;
   info.requested = requested;
   info.allocated = allocated_locked();
-  info.reserved = cap_.reserved();
-  info.limit = cap_.limit();
+  info.reserved = d_.cap.reserved();
+  info.limit = d_.cap.limit();
   info.process_scope = scope_ == LimitScope::kProcess;
-  info.outside = cap_.outside();
+  info.outside = d_.cap.outside();
   const MemInfo mem = backend_.mem_info(device_);
   info.device_free = mem.free;
   info.device_total = mem.total;
   info.largest_free_block = largest_free_block_locked();
   if (device_refused) {
     info.kind = OomKind::kDeviceFull;
-    ++stats_.num_ooms_device_full;
-  } else if (!fits_under(info.allocated, size, cap_.budget())) {
+    ++d_.stats.num_ooms_device_full;
+  } else if (!fits_under(info.allocated, size, d_.cap.budget())) {
     info.kind = OomKind::kOverLimit;
-    ++stats_.num_ooms_over_limit;
+    ++d_.stats.num_ooms_over_limit;
   } else {
     info.kind = OomKind::kFragmentation;
-    ++stats_.num_ooms_fragmentation;
+    ++d_.stats.num_ooms_fragmentation;
   }
   throw OutOfMemoryError(info);
 }
@@ -248,11 +155,11 @@ void DeviceAllocator::free(Block* block) {
   if (!block->allocated) throw std::logic_error("gpumem: block freed twice or never allocated");
   const bool small = block->segment->small;
   block->allocated = false;
-  stats_.release(small, block->size, block->requested);
+  d_.stats.release(small, block->size, block->requested);
   block->requested = 0;
   if (block->stream_uses.empty()) {
     free_block(block);
-  } else if (pool_targets_.empty()) {
+  } else if (!d_.capturing()) {
     insert_events(block);
   } else {
     defer(block);
@@ -262,18 +169,18 @@ void DeviceAllocator::free(Block* block) {
 
 void DeviceAllocator::free_block(Block* block) {
   const bool small = block->segment->small;
-  stats_.retire(small, block->size);
+  d_.stats.retire(small, block->size);
   FreeBlocks& blocks = block->segment->pool->blocks_for(small);
-  const Merge merge = merge_free_neighbours(block, blocks, arena_);
-  for (int i = 0; i < merge.absorbed_count; ++i) stats_.absorb(small, merge.absorbed[i]);
-  if (merge.block->is_split()) stats_.split(small, merge.block->size);
+  const Merge merge = merge_free_neighbours(block, blocks, d_.arena);
+  for (int i = 0; i < merge.absorbed_count; ++i) d_.stats.absorb(small, merge.absorbed[i]);
+  if (merge.block->is_split()) d_.stats.split(small, merge.block->size);
   blocks.insert(merge.block);
   // Usually neither holds, and the free ends here.
-  const bool over_limit = cap_.reserved() > cap_.budget() && pool_targets_.empty();
+  const bool over_limit = d_.cap.reserved() > d_.cap.budget() && !d_.capturing();
   if (!over_limit && release_threshold_ == 0.0) return;
   // Something became releasable: a whole plain segment, or a free page of a growable one.
-  if (!merge.block->segment->is_unused() && !holds_free_page(merge.block)) return;
-  if (over_limit) release_oldest_until(cap_.budget());  // Note [reserved above a lowered limit]
+  if (!memory_of(*merge.block->segment).frees_memory(*merge.block)) return;
+  if (over_limit) release_oldest_until(d_.cap.budget());  // Note [reserved above a lowered limit]
   if (release_threshold_ > 0.0) apply_release_threshold();
 }
 
@@ -322,29 +229,41 @@ void DeviceAllocator::process_events() {
 void DeviceAllocator::synchronize_and_process_events() {
   if (pending_.empty()) return;
   backend_.synchronize(device_);
-  ++stats_.num_sync_all_streams;
+  ++d_.stats.num_sync_all_streams;
   process_events();
+}
+
+// ---- growable segments: asked for, and in effect ----
+
+void DeviceAllocator::set_growable(bool on) {
+  std::lock_guard<Lock> lock(mutex_);
+  growable_.set_on(on);
+}
+
+bool DeviceAllocator::growable() const {
+  std::lock_guard<Lock> lock(mutex_);
+  return growable_.in_effect();
 }
 
 // ---- statistics and views ----
 
 DeviceStats DeviceAllocator::stats() const {
   std::lock_guard<Lock> lock(mutex_);
-  return stats_.snapshot();
+  return d_.stats.snapshot();
 }
 
 void DeviceAllocator::reset_peak_stats() {
   std::lock_guard<Lock> lock(mutex_);
-  stats_.reset_peak();
+  d_.stats.reset_peak();
 }
 
 void DeviceAllocator::reset_accumulated_stats() {
   std::lock_guard<Lock> lock(mutex_);
-  stats_.reset_accumulated();
+  d_.stats.reset_accumulated();
 }
 
 std::size_t DeviceAllocator::largest_free_block_locked() const {
-  std::size_t largest = gpumem::largest_free_block(default_pool_);
+  std::size_t largest = gpumem::largest_free_block(d_.default_pool);
   for (const auto& [id, pool] : private_pools_) largest = std::max(largest, gpumem::largest_free_block(*pool));
   return largest;
 }
@@ -370,8 +289,8 @@ BlockInfo info_of(const Block& b) {
 std::vector<SegmentInfo> DeviceAllocator::snapshot() const {
   std::lock_guard<Lock> lock(mutex_);
   std::vector<SegmentInfo> out;
-  out.reserve(segments_.size());
-  for (const auto& [addr, segment] : segments_) {
+  out.reserve(d_.segments.size());
+  for (const auto& [addr, segment] : d_.segments) {
     const Segment& s = *segment;
     for_each_stretch(s, [&](const Block* first, const Block* end, std::uintptr_t stop) {
       SegmentInfo info{first->addr, stop - first->addr, s.stream, s.pool->id, s.small, s.growable, {}};
@@ -385,8 +304,8 @@ std::vector<SegmentInfo> DeviceAllocator::snapshot() const {
 std::optional<std::pair<std::uintptr_t, std::size_t>> DeviceAllocator::segment_of(const void* ptr) const {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   std::lock_guard<Lock> lock(mutex_);
-  auto it = segments_.upper_bound(addr);
-  if (it == segments_.begin()) return std::nullopt;
+  auto it = d_.segments.upper_bound(addr);
+  if (it == d_.segments.begin()) return std::nullopt;
   const Segment& s = *std::prev(it)->second;
   if (addr >= s.addr + s.size) return std::nullopt;
   if (!s.growable) return std::make_pair(s.addr, s.size);

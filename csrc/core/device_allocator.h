@@ -11,10 +11,11 @@
 //
 // The class is written over several files, one concept each: the chain, free and stream events
 // here and in device_allocator.cpp; the limit and its scope in limits.cpp; releasing cached memory
-// in release.cpp; growable segments in growable.cpp; private pools in private_pools.cpp; caching
-// off in uncached.cpp; capture reuse in capture_reuse.cpp; the checker in invariants.cpp. The free
-// set, split and merge, the cap and the statistics are types of their own (free_set.h,
-// split_merge.h, cap.h, stats.h).
+// in release.cpp; private pools in private_pools.cpp; caching off in uncached.cpp; capture reuse
+// in capture_reuse.cpp; the checker in invariants.cpp. What it holds in common with the sources of
+// new memory is a DeviceState (device_state.h); the sources are PlainSegments and GrowableSegments
+// behind MemorySource (memory_source.h). The free set, split and merge, the cap and the statistics
+// are types of their own (free_set.h, split_merge.h, cap.h, stats.h).
 //
 // All state is guarded by one lock per device; every public method takes it once, and private
 // methods (suffix _locked where it matters) never take it.
@@ -36,13 +37,12 @@
 
 #include "core/backend.h"
 #include "core/block.h"
-#include "core/block_arena.h"
-#include "core/pool.h"
+#include "core/device_state.h"
+#include "core/growable_segments.h"
+#include "core/plain_segments.h"
 #include "core/split_merge.h"
-#include "core/cap.h"
 #include "core/lock.h"
 #include "core/errors.h"
-#include "core/segment_source.h"
 #include "core/stats.h"
 
 namespace gpumem {
@@ -67,7 +67,7 @@ struct AllocatorConfig {
   // released until it is back under. 0 turns it off.
   double release_threshold = 0.0;
   // New memory comes from growable segments where the backend can map pages (the default), else
-  // from plain segments. See core/growable.cpp.
+  // from plain segments. See core/growable_segments.cpp.
   bool growable = true;
   LimitScope scope = LimitScope::kAllocator;
 };
@@ -91,9 +91,6 @@ struct SegmentInfo {
   bool growable;  // a mapped stretch of a growable segment: one SegmentInfo per stretch
   std::vector<BlockInfo> blocks;
 };
-
-// Chooses the pool for a request while graphs capture or MemPools are in use.
-using StreamFilter = std::function<bool(StreamId)>;
 
 class DeviceAllocator {
  public:
@@ -129,8 +126,8 @@ class DeviceAllocator {
   void set_limit(std::optional<std::size_t> limit);
   // The same, from a limit spec ("4GB", "50%", "none", ...); a bad spec changes nothing.
   void set_limit(std::string_view spec);
-  std::size_t limit() const { return cap_.limit(); }
-  std::size_t reserved() const { return cap_.reserved(); }  // lock-free, as limit()
+  std::size_t limit() const { return d_.cap.limit(); }
+  std::size_t reserved() const { return d_.cap.reserved(); }  // lock-free, as limit()
   // What the limit bounds; setting kProcess (where it was not) measures the memory outside the
   // allocator at once if the device holds memory, and releases cached memory down to the budget
   // it leaves. Setting the scope in effect changes nothing.
@@ -138,14 +135,14 @@ class DeviceAllocator {
   LimitScope scope() const;
   // The process's memory on the device outside the allocator, as last measured (0 under
   // kAllocator), and where that figure came from. Lock-free, as limit().
-  std::size_t outside() const { return cap_.outside(); }
+  std::size_t outside() const { return d_.cap.outside(); }
   // What reserved may grow to: the limit, less outside under kProcess. Lock-free, as limit().
-  std::size_t budget() const { return cap_.budget(); }
+  std::size_t budget() const { return d_.cap.budget(); }
   OutsideSource outside_source() const { return outside_source_.load(std::memory_order_relaxed); }
   // Counts crossings of `share` of the limit in watch slot `slot` (core/pressure.h); the counts
   // are read without the lock.
   void watch_pressure(int slot, double share);
-  const PressureWatches& pressure() const { return cap_.pressure(); }
+  const PressureWatches& pressure() const { return d_.cap.pressure(); }
   void set_release_threshold(double share);
   double release_threshold() const;
 
@@ -157,8 +154,8 @@ class DeviceAllocator {
   // (torch's graph_capture_record_stream_reuse). Off by default, as in torch.
   void set_capture_reuse(bool on);
   bool growable() const;                       // in effect: asked for and supported
-  bool growable_supported() const { return page_size_ > 0; }
-  std::size_t page_size() const { return page_size_; }
+  bool growable_supported() const { return growable_.supported(); }
+  std::size_t page_size() const { return growable_.page_size(); }
 
   DeviceStats stats() const;
   void reset_peak_stats();
@@ -166,7 +163,7 @@ class DeviceAllocator {
   // The largest cached free block, in bytes.
   std::size_t largest_free_block() const;
   MemInfo device_mem_info();
-  std::size_t device_total() const { return device_total_; }
+  std::size_t device_total() const { return d_.device_total; }
 
   std::vector<SegmentInfo> snapshot() const;
   // The segment start and size holding `ptr`, if any.
@@ -198,43 +195,18 @@ class DeviceAllocator {
     Block* block;
     EventId event;
   };
-  struct PoolTarget {
-    Pool* pool;
-    StreamFilter filter;
-  };
 
-  // One malloc as the fallback chain carries it: the pool it goes to, its pool class, its stream,
-  // the bytes its block must hold, and whether the device refused new memory for it (which makes
-  // an out-of-memory error "device full").
-  struct Request {
-    Pool* pool;
-    bool small;
-    StreamId stream;
-    std::size_t size;
-    bool device_refused = false;
-  };
-  // The cap's rule (Cap::grow) for a request: a device's refusal is noted on it.
-  template <class Ask>
-  auto capped_for(Request& r, std::size_t bytes, Ask&& ask) -> decltype(ask()) {
-    auto result = cap_.grow(bytes, std::forward<Ask>(ask));
-    if (result.refusal == Refusal::kDevice) r.device_refused = true;
-    return result.got;
-  }
   std::size_t allocated_locked() const;  // allocated blocks and uncached memory: what the cap is measured against
   void* reserve_uncached(std::size_t bytes, bool& device_refused);
   // The pool a request on `stream` goes to: the default pool unless a pool target takes the stream.
-  Pool& pool_for_locked(StreamId stream) { return pool_targets_.empty() ? default_pool_ : targeted_pool_locked(stream); }
+  Pool& pool_for_locked(StreamId stream) { return d_.capturing() ? targeted_pool_locked(stream) : d_.default_pool; }
   Pool& targeted_pool_locked(StreamId stream);
   Block* try_cached(Pool& pool, const Request& r);
   void measure_outside_locked();
-  Block* try_new_segment(Request& r);
-  Block* reserve_segment(Request& r, std::size_t bytes);
-  Block* try_new_memory(Request& r);
+  // The source of a pool's new memory, and the one a segment came from.
+  MemorySource& memory_for(const Pool& pool) { return growable_.serves(pool) ? static_cast<MemorySource&>(growable_) : plain_; }
+  MemorySource& memory_of(const Segment& segment) { return segment.growable ? static_cast<MemorySource&>(growable_) : plain_; }
   Block* try_use_on_oom_pools(const Request& r);
-  SegmentSource& source_of(const Pool& pool) { return pool.source ? *pool.source : backend_source_; }
-  bool overlaps_segment(std::uintptr_t addr, std::size_t size) const;
-  [[noreturn]] void throw_overlap(const char* call, const void* ptr, std::size_t size) const;
-  Segment* add_segment(Pool& pool, bool small, StreamId stream, std::uintptr_t addr, std::size_t size);
   Block* place(Block* block, std::size_t size, std::size_t requested);
   // `device_refused`: the device, not the cap, refused new memory for the request.
   [[noreturn]] void throw_oom(std::size_t requested, std::size_t size, bool device_refused = false);
@@ -246,31 +218,6 @@ class DeviceAllocator {
   void process_events();
   void synchronize_and_process_events();
 
-  // Growable segments (core/growable.cpp).
-  bool uses_growable(const Pool& pool) const;
-  Block* try_grow(Request& r);
-  struct Growth {
-    Block* block;       // the unmapped block to map from, or nullptr
-    std::size_t pages;  // bytes of the pages it needs
-  };
-  Growth choose_unmapped(const Request& r) const;
-  bool recycle_before_high_mark(const Growth& growth, StreamId stream, std::size_t size);
-  std::pair<std::uintptr_t, std::uintptr_t> pages_inside(const Block* block) const;
-  Block* reserve_growable(const Request& r);
-  Block* map_front(Request& r, Block* unmapped);
-  std::size_t unmap_block(Block* block);
-  bool holds_free_page(const Block* block) const;
-  std::vector<Block*> unmappable_blocks() const;
-  std::size_t unmap_free_pages(std::size_t bytes, bool largest_first);
-  std::size_t unmap_stream_pages(StreamId stream, std::size_t bytes, std::array<const Block*, 2> keep);
-  std::size_t unmap_until(const std::vector<Block*>& blocks, std::size_t bytes);
-  void drop_unmapped_segments();
-  void release_growable(Segment* segment);
-
-  bool releasable_pool(const Pool& pool) const;
-  bool releasable(const Segment& segment) const;
-  std::vector<Segment*> unused_segments() const;
-  void release_segment(Segment* segment);
   bool release_oldest_until(std::size_t reserved_target);
   void give_back_over_limit();
   bool release_all_unused();
@@ -289,19 +236,14 @@ class DeviceAllocator {
 
   Backend& backend_;
   const int device_;
-  BackendSource backend_source_;                // the default pool's source, and of pools without one
-  Cap cap_;
+  DeviceState d_;
+  PlainSegments plain_;
+  GrowableSegments growable_;
   LimitScope scope_ = LimitScope::kAllocator;
   std::atomic<OutsideSource> outside_source_{OutsideSource::kNone};
   double release_threshold_;
   mutable Lock mutex_;
-  StatLedger stats_;
-  BlockArena arena_;
-  Pool default_pool_;
   std::map<PoolId, std::unique_ptr<Pool>> private_pools_;
-  std::vector<PoolTarget> pool_targets_;        // most recent last
-  std::map<std::uintptr_t, std::unique_ptr<Segment>> segments_;  // by address
-  std::uint64_t next_serial_ = 0;
   std::deque<PendingFree> pending_;
   // Freed with stream uses while a pool target was active: held until the capture ends, or
   // until the request's stream follows every marker (none: only the end of the capture frees it).
@@ -311,10 +253,6 @@ class DeviceAllocator {
   };
   std::vector<Deferred> deferred_;
   bool capture_reuse_ = false;
-  std::size_t device_total_ = 0;
-  std::size_t page_size_ = 0;                   // the backend's mapping granularity; 0: no growable segments
-  bool growable_ = false;                       // asked for (in effect only if page_size_ > 0)
-  std::size_t reserved_high_ = 0;               // the most ever reserved (not reset with the statistics)
   std::unordered_map<std::uintptr_t, std::size_t> uncached_;  // address -> bytes, caching off
   std::size_t uncached_bytes_ = 0;
 };

@@ -114,10 +114,10 @@ void compare(int device, const char* name, const StatArray& kept, const StatArra
 
 void DeviceAllocator::check_invariants_locked() const {
   Recount r;
-  for (const auto& [addr, segment] : segments_) {
+  for (const auto& [addr, segment] : d_.segments) {
     if (addr != segment->addr) broken(device_, "segment filed under the wrong address", addr);
-    check_segment(device_, *segment, page_size_, r);
-    check_source(device_, *segment, &backend_source_);
+    check_segment(device_, *segment, growable_.page_size(), r);
+    check_source(device_, *segment, &d_.backend_source);
   }
   const auto check_pool = [&](const Pool& pool) {
     for (const FreeBlocks* set : {&pool.small_blocks, &pool.large_blocks, &pool.unmapped_small, &pool.unmapped_large}) {
@@ -130,13 +130,13 @@ void DeviceAllocator::check_invariants_locked() const {
     }
     if (pool.segments != r.segments[&pool]) broken(device_, "a pool's segment count differs from its segments", 0);
   };
-  check_pool(default_pool_);
+  check_pool(d_.default_pool);
   for (const auto& [id, pool] : private_pools_) check_pool(*pool);
-  const DeviceStats kept = stats_.snapshot();
+  const DeviceStats kept = d_.stats.snapshot();
 #define GPUMEM_COMPARE(name, help) compare(device_, #name, kept.name, r.stats.name);
   GPUMEM_STAT_ARRAYS(GPUMEM_COMPARE)
 #undef GPUMEM_COMPARE
-  if (cap_.reserved() != static_cast<std::size_t>(stats_.reserved_bytes()) + uncached_bytes_) {
+  if (d_.cap.reserved() != static_cast<std::size_t>(d_.stats.reserved_bytes()) + uncached_bytes_) {
     broken(device_, "the cap's reserved bytes differ from the statistics and the uncached bytes", 0);
   }
   std::map<const Block*, int> events;

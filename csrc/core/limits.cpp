@@ -10,18 +10,18 @@
 namespace gpumem {
 
 void DeviceAllocator::set_limit(std::optional<std::size_t> limit) {
-  if (limit && *limit > device_total_) {
+  if (limit && *limit > d_.device_total) {
     throw LimitSpecError("gpumem: limit of " + format_bytes(*limit) + " is above device " + std::to_string(device_) +
-                         "'s total of " + format_bytes(device_total_) + ". " + kLimitForms);
+                         "'s total of " + format_bytes(d_.device_total) + ". " + kLimitForms);
   }
   std::lock_guard<Lock> lock(mutex_);
-  set_limit_locked(limit.value_or(device_total_));
+  set_limit_locked(limit.value_or(d_.device_total));
 }
 
 void DeviceAllocator::set_limit(std::string_view spec) {
-  const std::optional<std::size_t> limit = parse_limit(spec, device_total_);
+  const std::optional<std::size_t> limit = parse_limit(spec, d_.device_total);
   std::lock_guard<Lock> lock(mutex_);
-  set_limit_locked(limit.value_or(device_total_));
+  set_limit_locked(limit.value_or(d_.device_total));
 }
 
 // Note [reserved above a lowered limit]
@@ -32,11 +32,11 @@ void DeviceAllocator::set_limit(std::string_view spec) {
 //   waiting for an empty_cache(). While a pool is the allocation target (a graph may be
 //   capturing) nothing is released, as in empty_cache(); the first free after it ends resumes.
 void DeviceAllocator::set_limit_locked(std::size_t limit) {
-  cap_.set_limit(limit);
-  if (scope_ == LimitScope::kProcess && cap_.reserved() > 0) measure_outside_locked();
-  if (cap_.reserved() > cap_.budget()) {
-    if (pool_targets_.empty()) process_events();
-    release_oldest_until(cap_.budget());
+  d_.cap.set_limit(limit);
+  if (scope_ == LimitScope::kProcess && d_.cap.reserved() > 0) measure_outside_locked();
+  if (d_.cap.reserved() > d_.cap.budget()) {
+    if (!d_.capturing()) process_events();
+    release_oldest_until(d_.cap.budget());
   }
   if (release_threshold_ > 0.0) apply_release_threshold();
   debug_check();
@@ -67,8 +67,8 @@ void DeviceAllocator::measure_outside_locked() {
   if (scope_ != LimitScope::kProcess) return;
   const bool measured = outside_source_.load(std::memory_order_relaxed) != OutsideSource::kNone;
   // The first measurement may make the device's context: not while a graph may be capturing.
-  if (!measured && !pool_targets_.empty()) return;
-  const std::size_t held = cap_.reserved();
+  if (!measured && d_.capturing()) return;
+  const std::size_t held = d_.cap.reserved();
   std::optional<std::size_t> used = backend_.process_used(device_);
   // Less than the allocator holds cannot be this process's figure (a pid that names another
   // process, in a container's own pid namespace): as if there were none.
@@ -76,13 +76,13 @@ void DeviceAllocator::measure_outside_locked() {
   const bool not_ours = used && *used < held;
   if (not_ours) used.reset();
   if (used) {
-    cap_.set_outside(*used - held);
+    d_.cap.set_outside(*used - held);
     outside_source_.store(OutsideSource::kProcessAccounting, std::memory_order_relaxed);
   } else if (!measured || (not_ours && outside_source_.load(std::memory_order_relaxed) ==
                                            OutsideSource::kProcessAccounting)) {
     const MemInfo mem = backend_.mem_info(device_);
     const std::size_t device_used = mem.total - std::min(mem.free, mem.total);
-    cap_.set_outside(device_used > held ? device_used - held : 0);
+    d_.cap.set_outside(device_used > held ? device_used - held : 0);
     outside_source_.store(OutsideSource::kDeviceAtFirst, std::memory_order_relaxed);
   }
   give_back_over_limit();  // what is outside may have grown past what reserved leaves it
@@ -97,10 +97,10 @@ void DeviceAllocator::set_scope(LimitScope scope) {
   if (scope == before) return;
   scope_ = scope;
   if (scope == LimitScope::kAllocator) {
-    cap_.set_outside(0);
+    d_.cap.set_outside(0);
     outside_source_.store(OutsideSource::kNone, std::memory_order_relaxed);
-  } else if (cap_.reserved() > 0) {
-    if (pool_targets_.empty()) process_events();
+  } else if (d_.cap.reserved() > 0) {
+    if (!d_.capturing()) process_events();
     try {
       measure_outside_locked();
     } catch (...) {
@@ -132,7 +132,7 @@ const char* outside_source_name(OutsideSource source) {
 
 void DeviceAllocator::watch_pressure(int slot, double share) {
   std::lock_guard<Lock> lock(mutex_);
-  cap_.watch_pressure(slot, share);
+  d_.cap.watch_pressure(slot, share);
 }
 
 }  // namespace gpumem

@@ -50,19 +50,19 @@ void DeviceAllocator::begin_allocate_to_pool(PoolId id, StreamFilter filter) {
   if (it == private_pools_.end()) {
     throw std::logic_error("gpumem: allocation to pool " + name_of(id) + " begun before the pool was created");
   }
-  pool_targets_.push_back({it->second.get(), std::move(filter)});
+  d_.targets.push_back({it->second.get(), std::move(filter)});
 }
 
 void DeviceAllocator::end_allocate_to_pool(PoolId id) {
   std::lock_guard<Lock> lock(mutex_);
-  for (auto it = pool_targets_.rbegin(); it != pool_targets_.rend(); ++it) {
+  for (auto it = d_.targets.rbegin(); it != d_.targets.rend(); ++it) {
     if (it->pool->id == id) {
-      pool_targets_.erase(std::next(it).base());
+      d_.targets.erase(std::next(it).base());
       break;
     }
   }
   release_free_pools();
-  if (!pool_targets_.empty()) return;
+  if (d_.capturing()) return;
   for (const Deferred& d : deferred_) {
     d.block->pending_events = 0;
     insert_events(d.block);
@@ -118,16 +118,16 @@ Block* DeviceAllocator::try_use_on_oom_pools(const Request& r) {
 // ---- releasing private pools' caches ----
 
 bool DeviceAllocator::is_target(const Pool* pool) const {
-  return std::any_of(pool_targets_.begin(), pool_targets_.end(), [pool](const PoolTarget& t) { return t.pool == pool; });
+  return std::any_of(d_.targets.begin(), d_.targets.end(), [pool](const DeviceState::PoolTarget& t) { return t.pool == pool; });
 }
 
 // Gives back the pool's unused segments, to its source; true if any.
 bool DeviceAllocator::release_pool_cache(const Pool& pool) {
   std::vector<Segment*> unused;
-  for (const auto& [addr, segment] : segments_) {
+  for (const auto& [addr, segment] : d_.segments) {
     if (segment->pool == &pool && segment->is_unused()) unused.push_back(segment.get());
   }
-  for (Segment* s : unused) release_segment(s);
+  for (Segment* s : unused) plain_.release_segment(s);
   return !unused.empty();
 }
 
@@ -147,8 +147,8 @@ void DeviceAllocator::empty_pool_cache(PoolId id) {
   const Pool* pool = it->second.get();
   const bool waits = std::any_of(pending_.begin(), pending_.end(),
                                  [pool](const PendingFree& p) { return p.block->segment->pool == pool; });
-  if (waits && pool_targets_.empty()) synchronize_and_process_events();
-  if (release_pool_cache(*pool)) ++stats_.num_cache_releases;
+  if (waits && !d_.capturing()) synchronize_and_process_events();
+  if (release_pool_cache(*pool)) ++d_.stats.num_cache_releases;
 }
 
 // Drops private pools nobody holds, has memory in, or allocates to.

@@ -14,10 +14,10 @@ void* DeviceAllocator::malloc_uncached(std::size_t requested) {
   if (requested > SIZE_MAX - kMinBlockSize) throw_oom(requested, requested);
   const std::size_t bytes = round_size(requested);
   measure_outside_locked();
-  if (!fits_under(allocated_locked(), bytes, cap_.budget())) throw_oom(requested, bytes);
+  if (!fits_under(allocated_locked(), bytes, d_.cap.budget())) throw_oom(requested, bytes);
   bool device_refused = false;
   void* ptr = reserve_uncached(bytes, device_refused);
-  if (!ptr && pool_targets_.empty()) {
+  if (!ptr && !d_.capturing()) {
     synchronize_and_process_events();
     release_all_unused();
     ptr = reserve_uncached(bytes, device_refused);
@@ -28,7 +28,7 @@ void* DeviceAllocator::malloc_uncached(std::size_t requested) {
 }
 
 void* DeviceAllocator::reserve_uncached(std::size_t bytes, bool& device_refused) {
-  const auto result = cap_.grow(bytes, [&] { return backend_.reserve(device_, bytes); });
+  const auto result = d_.cap.grow(bytes, [&] { return backend_.reserve(device_, bytes); });
   if (result.refusal == Refusal::kDevice) device_refused = true;
   void* ptr = result.got;
   if (!ptr) return nullptr;
@@ -46,7 +46,7 @@ bool DeviceAllocator::free_uncached(void* ptr) {
   backend_.release(device_, ptr, bytes);
   uncached_.erase(it);
   uncached_bytes_ -= bytes;
-  cap_.unreserve(bytes);
+  d_.cap.unreserve(bytes);
   debug_check();
   return true;
 }

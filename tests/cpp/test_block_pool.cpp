@@ -1,4 +1,4 @@
-// Best fit, split and merge (block_pool.h), seen through the allocator: which block a request
+// Best fit, split and merge (free_set.h, split_merge.h), seen through the allocator: which block a request
 // gets, what is left of the block it was cut from, and how freed blocks join their neighbours.
 #include <algorithm>
 #include <deque>

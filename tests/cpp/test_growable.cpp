@@ -1,4 +1,4 @@
-// Growable segments (core/growable.cpp) on the simulated device with virtual memory: pages are
+// Growable segments (core/growable_segments.cpp) on the simulated device with virtual memory: pages are
 // mapped as blocks need them and unmapped when free, the cap counts mapped bytes, and a request
 // fits whenever the pages it needs fit under the limit, however the free memory is scattered.
 #include <algorithm>

@@ -409,7 +409,7 @@ def core_maps_growable_segments() -> bool:
 
 
 # Comparisons of the two kinds mean something only once the core implements growable segments
-# (core/growable.cpp); before that both replays use plain segments, and these tests skip.
+# (core/growable_segments.cpp); before that both replays use plain segments, and these tests skip.
 needs_growable_core = pytest.mark.skipif(not core_maps_growable_segments(),
                                          reason="the core does not map growable segments yet")
 

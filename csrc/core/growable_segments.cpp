@@ -22,11 +22,14 @@
 // Private pools (CUDA graphs, MemPools) keep plain segments, as PyTorch's expandable segments do:
 // their checkpointing and replay rely on segments that never change. Unmapping needs the device
 // synchronized, so nothing is unmapped while a pool target is active (a graph may be capturing).
+#include "core/growable_segments.h"
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
 
-#include "core/device_allocator.h"
+#include "core/errors.h"
+#include "core/split_merge.h"
 
 namespace gpumem {
 
@@ -36,32 +39,18 @@ bool larger(const Block* a, const Block* b) { return a->size > b->size; }
 
 }  // namespace
 
-void DeviceAllocator::set_growable(bool on) {
-  std::lock_guard<Lock> lock(mutex_);
-  growable_ = on;
-}
-
-bool DeviceAllocator::growable() const {
-  std::lock_guard<Lock> lock(mutex_);
-  return growable_ && page_size_ > 0;
-}
-
-bool DeviceAllocator::uses_growable(const Pool& pool) const {
-  return growable_ && page_size_ > 0 && &pool == &default_pool_;
-}
-
 // A block of at least `size` bytes made by mapping pages, or nullptr if the cap or the device has
 // no room. Where no address range can be had, a plain segment instead.
-Block* DeviceAllocator::try_grow(Request& r) {
+Block* GrowableSegments::grow(Request& r) {
   Growth growth = choose_unmapped(r);
   if (recycle_before_high_mark(growth, r.stream, r.size)) growth = choose_unmapped(r);
   Block* unmapped = growth.block;
   const bool fresh = unmapped == nullptr;
-  if (fresh) unmapped = reserve_growable(r);
-  if (!unmapped) return try_new_segment(r);
+  if (fresh) unmapped = reserve_range(r);
+  if (!unmapped) return plain_.grow(r);
   Segment* segment = unmapped->segment;
   Block* block = map_front(r, unmapped);
-  if (!block && fresh) release_growable(segment);
+  if (!block && fresh) release_range(segment);
   return block;
 }
 
@@ -74,21 +63,21 @@ Block* DeviceAllocator::try_grow(Request& r) {
 // loader's, a collective's) run on. That wait and the remapping are paid only while reserved is at
 // its high mark, which a job reaches in its first steps; once the cache holds the job's working
 // set it stops happening.
-bool DeviceAllocator::recycle_before_high_mark(const Growth& growth, StreamId stream, std::size_t size) {
+bool GrowableSegments::recycle_before_high_mark(const Growth& growth, StreamId stream, std::size_t size) {
   const std::size_t pages = growth.block ? growth.pages : round_up(size, page_size_);
-  const std::size_t reserved = cap_.reserved();
-  if (reserved + pages <= reserved_high_) return false;
+  const std::size_t reserved = d_.cap.reserved();
+  if (reserved + pages <= d_.reserved_high) return false;
   // The free blocks the growth would join stay: unmapping them would only add to the pages needed.
   const Block* u = growth.block;
   const Block* before = u && u->prev && u->prev->is_cached() ? u->prev : nullptr;
   const Block* after = u && u->next && u->next->is_cached() ? u->next : nullptr;
-  return unmap_stream_pages(stream, reserved + pages - reserved_high_, {before, after}) > 0;
+  return unmap_stream_pages(stream, reserved + pages - d_.reserved_high, {before, after}) > 0;
 }
 
 // The unmapped block that, mapped from its start and joined with its free mapped neighbours,
 // holds `size` bytes with the fewest new pages (the lowest address among equals), and those pages'
 // bytes; no block if none.
-DeviceAllocator::Growth DeviceAllocator::choose_unmapped(const Request& r) const {
+GrowableSegments::Growth GrowableSegments::choose_unmapped(const Request& r) const {
   const std::size_t size = r.size;
   const Block* best = nullptr;
   std::size_t best_need = 0;
@@ -107,92 +96,93 @@ DeviceAllocator::Growth DeviceAllocator::choose_unmapped(const Request& r) const
 
 // A new growable segment for the pool and stream: an unmapped block spanning the device's size
 // (or the request, if larger); nullptr when the backend has no address range.
-Block* DeviceAllocator::reserve_growable(const Request& r) {
+Block* GrowableSegments::reserve_range(const Request& r) {
   Pool& pool = *r.pool;
   const bool small = r.small;
-  const std::size_t bytes = round_up(std::max(device_total_, r.size), page_size_);
-  void* ptr = backend_.reserve_address(device_, bytes);
+  const std::size_t bytes = round_up(std::max(d_.device_total, r.size), page_size_);
+  void* ptr = d_.backend.reserve_address(d_.device, bytes);
   if (!ptr) return nullptr;
-  if (overlaps_segment(reinterpret_cast<std::uintptr_t>(ptr), bytes)) throw_overlap("reserve_address", ptr, bytes);
-  Segment* segment = add_segment(pool, small, r.stream, reinterpret_cast<std::uintptr_t>(ptr), bytes);
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  if (d_.overlaps_segment(addr, bytes)) d_.throw_overlap("reserve_address", addr, bytes);
+  Segment* segment = d_.add_segment(pool, small, r.stream, addr, bytes);
   segment->growable = true;
   segment->mapped = 0;
   segment->head->mapped = false;
   pool.unmapped_for(small).insert(segment->head);
-  stats_.reserve(small, 0, 1);
+  d_.stats.reserve(small, 0, 1);
   return segment->head;
 }
 
 // Maps the pages at the start of `unmapped` that, with its free mapped neighbours, make a block of
 // `size` bytes, and returns that merged block (in no set, not counted as inactive); nullptr if the
 // cap or the device refuses the pages.
-Block* DeviceAllocator::map_front(Request& r, Block* unmapped) {
+Block* GrowableSegments::map_front(Request& r, Block* unmapped) {
   const std::size_t size = r.size;
   Segment& segment = *unmapped->segment;
   const bool small = segment.small;
   const std::size_t before = unmapped->prev && unmapped->prev->is_cached() ? unmapped->prev->size : 0;
   const std::size_t bytes = std::min(round_up(size - before, page_size_), unmapped->size);
-  if (!capped_for(r, bytes, [&] { return backend_.map(device_, unmapped->ptr(), bytes); })) return nullptr;
+  if (!d_.grow_for(r, bytes, [&] { return d_.backend.map(d_.device, unmapped->ptr(), bytes); })) return nullptr;
   FreeBlocks& unmapped_set = segment.pool->unmapped_for(small);
   unmapped_set.erase(unmapped);
-  if (bytes < unmapped->size) unmapped_set.insert(split_block(unmapped, bytes, arena_));
+  if (bytes < unmapped->size) unmapped_set.insert(split_block(unmapped, bytes, d_.arena));
   unmapped->mapped = true;
   segment.mapped += bytes;
-  stats_.reserve(small, bytes, 0);
-  ++stats_.num_device_alloc;
-  reserved_high_ = std::max(reserved_high_, cap_.reserved());
-  const Merge merge = merge_free_neighbours(unmapped, segment.pool->blocks_for(small), arena_);
-  for (int i = 0; i < merge.absorbed_count; ++i) stats_.absorb(small, merge.absorbed[i]);
+  d_.stats.reserve(small, bytes, 0);
+  ++d_.stats.num_device_alloc;
+  d_.note_high();
+  const Merge merge = merge_free_neighbours(unmapped, segment.pool->blocks_for(small), d_.arena);
+  for (int i = 0; i < merge.absorbed_count; ++i) d_.stats.absorb(small, merge.absorbed[i]);
   return merge.block;
 }
 
 // Unmaps the whole pages inside `block` (cached, in a growable segment); the partial pages at its
 // ends stay mapped as cached blocks of their own. Returns the bytes unmapped. The device must be
 // synchronized.
-std::size_t DeviceAllocator::unmap_block(Block* block) {
+std::size_t GrowableSegments::unmap_block(Block* block) {
   Segment& segment = *block->segment;
   const bool small = segment.small;
   const auto [lo, hi] = pages_inside(block);
   if (hi <= lo) return 0;
-  backend_.unmap(device_, reinterpret_cast<void*>(lo), hi - lo);
-  cap_.unreserve(hi - lo);
+  d_.backend.unmap(d_.device, reinterpret_cast<void*>(lo), hi - lo);
+  d_.cap.unreserve(hi - lo);
   segment.mapped -= hi - lo;
-  stats_.unreserve(small, hi - lo, 0);
-  ++stats_.num_device_free;
+  d_.stats.unreserve(small, hi - lo, 0);
+  ++d_.stats.num_device_free;
 
   FreeBlocks& cached = segment.pool->blocks_for(small);
   cached.erase(block);
   if (block->is_split()) {
-    stats_.absorb(small, block->size);
+    d_.stats.absorb(small, block->size);
   }
   Block* front = nullptr;
   Block* back = nullptr;
   Block* middle = block;
   if (lo > block->addr) {
     front = block;
-    middle = split_block(block, lo - block->addr, arena_);
+    middle = split_block(block, lo - block->addr, d_.arena);
   }
-  if (hi < middle->addr + middle->size) back = split_block(middle, hi - middle->addr, arena_);
+  if (hi < middle->addr + middle->size) back = split_block(middle, hi - middle->addr, d_.arena);
   for (Block* remnant : {front, back}) {
     if (!remnant) continue;
     cached.insert(remnant);
-    stats_.split(small, remnant->size);
+    d_.stats.split(small, remnant->size);
   }
   middle->mapped = false;
   FreeBlocks& unmapped_set = segment.pool->unmapped_for(small);
-  unmapped_set.insert(merge_free_neighbours(middle, unmapped_set, arena_).block);
+  unmapped_set.insert(merge_free_neighbours(middle, unmapped_set, d_.arena).block);
   return hi - lo;
 }
 
 // [lo, hi): the whole pages inside `block` of a growable segment (empty when lo >= hi).
-std::pair<std::uintptr_t, std::uintptr_t> DeviceAllocator::pages_inside(const Block* block) const {
+std::pair<std::uintptr_t, std::uintptr_t> GrowableSegments::pages_inside(const Block* block) const {
   const Segment& s = *block->segment;
   const std::uintptr_t lo = s.addr + round_up(block->addr - s.addr, page_size_);
   const std::uintptr_t hi = s.addr + (block->addr + block->size - s.addr) / page_size_ * page_size_;
   return {lo, hi};
 }
 
-bool DeviceAllocator::holds_free_page(const Block* block) const {
+bool GrowableSegments::holds_free_page(const Block* block) const {
   if (!block->segment->growable || !block->is_cached()) return false;
   const auto [lo, hi] = pages_inside(block);
   return hi > lo;
@@ -200,10 +190,10 @@ bool DeviceAllocator::holds_free_page(const Block* block) const {
 
 // Cached blocks of growable segments that hold at least one whole page, oldest segment first and
 // in address order within one.
-std::vector<Block*> DeviceAllocator::unmappable_blocks() const {
+std::vector<Block*> GrowableSegments::unmappable_blocks() const {
   std::vector<const Segment*> growable;
-  for (const auto& [addr, segment] : segments_) {
-    if (segment->growable && releasable_pool(*segment->pool)) growable.push_back(segment.get());
+  for (const auto& [addr, segment] : d_.segments) {
+    if (segment->growable && d_.releasable_pool(*segment->pool)) growable.push_back(segment.get());
   }
   std::sort(growable.begin(), growable.end(), [](const Segment* a, const Segment* b) { return a->serial < b->serial; });
   std::vector<Block*> blocks;
@@ -215,34 +205,34 @@ std::vector<Block*> DeviceAllocator::unmappable_blocks() const {
   return blocks;
 }
 
-// Unmaps free pages until `bytes` are unmapped or none are left: from the largest free blocks first
-// (fewest calls, and small cached blocks are the likeliest to be reused), or the oldest first.
-// Returns the bytes unmapped. Synchronizes the device once, before the first page goes.
-std::size_t DeviceAllocator::unmap_free_pages(std::size_t bytes, bool largest_first) {
-  if (!pool_targets_.empty() || bytes == 0) return 0;
+// Unmaps free pages until `bytes` are unmapped or none are left: for a request, from the largest
+// free blocks first (fewest calls, and small cached blocks are the likeliest to be reused); else
+// the oldest first. Returns the bytes unmapped.
+std::size_t GrowableSegments::release(std::size_t bytes, ReleaseOrder order) {
+  if (d_.capturing() || bytes == 0) return 0;
   std::vector<Block*> blocks = unmappable_blocks();
   if (blocks.empty()) return 0;
-  if (largest_first) std::stable_sort(blocks.begin(), blocks.end(), larger);
-  backend_.synchronize(device_);
-  ++stats_.num_sync_all_streams;
+  if (order == ReleaseOrder::kForRequest) std::stable_sort(blocks.begin(), blocks.end(), larger);
+  d_.backend.synchronize(d_.device);
+  ++d_.stats.num_sync_all_streams;
   return unmap_until(blocks, bytes);
 }
 
 // The same over the free pages of one stream's segments, largest first, never those of `keep`. A block of a
 // stream's segment was last used on that stream (uses on others held it pending until their work
 // was done), so waiting for that stream suffices.
-std::size_t DeviceAllocator::unmap_stream_pages(StreamId stream, std::size_t bytes, std::array<const Block*, 2> keep) {
-  if (!pool_targets_.empty() || bytes == 0) return 0;
+std::size_t GrowableSegments::unmap_stream_pages(StreamId stream, std::size_t bytes, std::array<const Block*, 2> keep) {
+  if (d_.capturing() || bytes == 0) return 0;
   std::vector<Block*> blocks = unmappable_blocks();
   const auto skipped = [&](const Block* b) { return b->stream != stream || b == keep[0] || b == keep[1]; };
   blocks.erase(std::remove_if(blocks.begin(), blocks.end(), skipped), blocks.end());
   if (blocks.empty()) return 0;
   std::stable_sort(blocks.begin(), blocks.end(), larger);
-  backend_.synchronize_stream(device_, stream);
+  d_.backend.synchronize_stream(d_.device, stream);
   return unmap_until(blocks, bytes);
 }
 
-std::size_t DeviceAllocator::unmap_until(const std::vector<Block*>& blocks, std::size_t bytes) {
+std::size_t GrowableSegments::unmap_until(const std::vector<Block*>& blocks, std::size_t bytes) {
   std::size_t unmapped = 0;
   for (Block* b : blocks) {
     if (unmapped >= bytes) break;
@@ -252,23 +242,29 @@ std::size_t DeviceAllocator::unmap_until(const std::vector<Block*>& blocks, std:
 }
 
 // Gives back the address ranges of growable segments with no page mapped.
-void DeviceAllocator::drop_unmapped_segments() {
+void GrowableSegments::drop_empty() {
   std::vector<Segment*> empty;
-  for (const auto& [addr, segment] : segments_) {
-    if (segment->growable && segment->mapped == 0 && releasable_pool(*segment->pool)) empty.push_back(segment.get());
+  for (const auto& [addr, segment] : d_.segments) {
+    if (segment->growable && segment->mapped == 0 && d_.releasable_pool(*segment->pool)) empty.push_back(segment.get());
   }
-  for (Segment* s : empty) release_growable(s);
+  for (Segment* s : empty) release_range(s);
 }
 
 // Drops a growable segment with no page mapped (one unmapped block).
-void DeviceAllocator::release_growable(Segment* segment) {
+void GrowableSegments::release_range(Segment* segment) {
   Block* head = segment->head;
   segment->pool->unmapped_for(segment->small).erase(head);
-  backend_.release_address(device_, head->ptr(), segment->size);
-  stats_.unreserve(segment->small, 0, 1);
-  --segment->pool->segments;
-  arena_.recycle(head);
-  segments_.erase(segment->addr);
+  d_.backend.release_address(d_.device, head->ptr(), segment->size);
+  d_.stats.unreserve(segment->small, 0, 1);
+  d_.erase_segment(segment);
+}
+
+// The destructor's: every mapped stretch unmapped, then the address range.
+void GrowableSegments::drop(const Segment& segment) noexcept {
+  for_each_stretch(segment, [&](const Block* first, const Block*, std::uintptr_t stop) {
+    quietly([&] { d_.backend.unmap(d_.device, first->ptr(), stop - first->addr); });
+  });
+  quietly([&] { d_.backend.release_address(d_.device, segment.head->ptr(), segment.size); });
 }
 
 }  // namespace gpumem

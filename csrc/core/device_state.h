@@ -1,0 +1,90 @@
+// What one device's allocator holds in common: the cap, the statistics, the segments by address,
+// the default pool, the Block arena and the pool targets. The fallback chain (DeviceAllocator) and
+// the two sources of new memory (core/plain_segments.h, core/growable_segments.h) work on it, all
+// under the device's lock: nothing here locks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/block.h"
+#include "core/block_arena.h"
+#include "core/cap.h"
+#include "core/pool.h"
+#include "core/segment_source.h"
+#include "core/stats.h"
+
+namespace gpumem {
+
+class DeviceAllocator;
+
+// Chooses the pool for a request while graphs capture or MemPools are in use.
+using StreamFilter = std::function<bool(StreamId)>;
+
+// One malloc as the fallback chain carries it: the pool it goes to, its pool class, its stream,
+// the bytes its block must hold, and whether the device refused new memory for it (which makes
+// an out-of-memory error "device full").
+struct Request {
+  Pool* pool;
+  bool small;
+  StreamId stream;
+  std::size_t size;
+  bool device_refused = false;
+};
+
+struct DeviceState {
+  struct PoolTarget {
+    Pool* pool;
+    StreamFilter filter;
+  };
+
+  DeviceState(Backend& backend, int device, DeviceAllocator* owner);
+  DeviceState(const DeviceState&) = delete;
+  DeviceState& operator=(const DeviceState&) = delete;
+
+  Backend& backend;
+  const int device;
+  DeviceAllocator* const owner;  // what Segment::owner names
+  std::size_t device_total = 0;
+  BackendSource backend_source;  // the default pool's source, and of pools without one
+  Cap cap;
+  StatLedger stats;
+  BlockArena arena;
+  Pool default_pool;
+  std::vector<PoolTarget> targets;  // most recent last
+  std::map<std::uintptr_t, std::unique_ptr<Segment>> segments;  // by address
+  std::uint64_t next_serial = 0;
+  std::size_t reserved_high = 0;  // the most ever reserved by segments and pages (not reset with the statistics)
+
+  // A pool target is active: a graph may be capturing, so nothing waits on events, synchronizes or
+  // unmaps.
+  bool capturing() const { return !targets.empty(); }
+  SegmentSource& source_of(const Pool& pool) { return pool.source ? *pool.source : backend_source; }
+  // The default pool's cache, and a private pool's once nobody holds it, may go back.
+  bool releasable_pool(const Pool& pool) const { return &pool == &default_pool || pool.use_count == 0; }
+
+  // The cap's rule (Cap::grow) for a request: a device's refusal is noted on it.
+  template <class Ask>
+  auto grow_for(Request& r, std::size_t bytes, Ask&& ask) -> decltype(ask()) {
+    auto result = cap.grow(bytes, std::forward<Ask>(ask));
+    if (result.refusal == Refusal::kDevice) r.device_refused = true;
+    return result.got;
+  }
+  void note_high() { reserved_high = std::max(reserved_high, cap.reserved()); }
+
+  // Files a segment of [addr, addr + size) under the pool, as one block; statistics are the caller's.
+  Segment* add_segment(Pool& pool, bool small, StreamId stream, std::uintptr_t addr, std::size_t size);
+  // Forgets a segment whose memory went back: its head goes to the arena. Statistics are the caller's.
+  void erase_segment(Segment* segment);
+  // A backend that hands out memory the allocator already holds is broken; going on would corrupt
+  // the segment table, so the request fails instead (a RuntimeError in Python).
+  bool overlaps_segment(std::uintptr_t addr, std::size_t size) const;
+  [[noreturn]] void throw_overlap(const char* call, std::uintptr_t addr, std::size_t size) const;
+};
+
+}  // namespace gpumem

@@ -1,0 +1,65 @@
+// Growable segments: memory that grows and shrinks in place, page by page (the design note is in
+// core/growable_segments.cpp).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "core/memory_source.h"
+#include "core/plain_segments.h"
+
+namespace gpumem {
+
+class GrowableSegments final : public MemorySource {
+ public:
+  // `page_size`: the backend's mapping granularity, 0 where it cannot map pages. Where no address
+  // range can be had, new memory comes from `plain`.
+  GrowableSegments(DeviceState& d, PlainSegments& plain, std::size_t page_size, bool on)
+      : d_(d), plain_(plain), page_size_(page_size), on_(on) {}
+
+  // Whether new memory of `pool` comes from here: the default pool, while asked for and supported.
+  bool serves(const Pool& pool) const { return in_effect() && &pool == &d_.default_pool; }
+  void set_on(bool on) { on_ = on; }
+  bool in_effect() const { return on_ && page_size_ > 0; }
+  bool supported() const { return page_size_ > 0; }
+  std::size_t page_size() const { return page_size_; }
+
+  // Maps the pages a request lacks at the end of a free block, or in a new address range; where
+  // no address range can be had, a plain segment.
+  Block* grow(Request& r) override;
+  std::size_t growth_for(std::size_t size) const override { return round_up(size, page_size_); }
+  // Unmaps free pages, oldest segment first or largest free blocks first; nothing while a graph
+  // may be capturing. Synchronizes the device once, before the first page goes.
+  std::size_t release(std::size_t bytes, ReleaseOrder order) override;
+  // Gives back the address ranges with no page mapped.
+  void drop_empty() override;
+  bool frees_memory(const Block& merged) const override { return holds_free_page(&merged); }
+  void drop(const Segment& segment) noexcept override;
+
+ private:
+  struct Growth {
+    Block* block;       // the unmapped block to map from, or nullptr
+    std::size_t pages;  // bytes of the pages it needs
+  };
+  Growth choose_unmapped(const Request& r) const;
+  bool recycle_before_high_mark(const Growth& growth, StreamId stream, std::size_t size);
+  std::pair<std::uintptr_t, std::uintptr_t> pages_inside(const Block* block) const;
+  Block* reserve_range(const Request& r);
+  Block* map_front(Request& r, Block* unmapped);
+  std::size_t unmap_block(Block* block);
+  bool holds_free_page(const Block* block) const;
+  std::vector<Block*> unmappable_blocks() const;
+  std::size_t unmap_stream_pages(StreamId stream, std::size_t bytes, std::array<const Block*, 2> keep);
+  std::size_t unmap_until(const std::vector<Block*>& blocks, std::size_t bytes);
+  void release_range(Segment* segment);
+
+  DeviceState& d_;
+  PlainSegments& plain_;
+  const std::size_t page_size_;
+  bool on_;  // asked for (in effect only if page_size_ > 0)
+};
+
+}  // namespace gpumem

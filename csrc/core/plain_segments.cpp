@@ -1,0 +1,77 @@
+#include "core/plain_segments.h"
+
+#include "core/errors.h"
+#include "core/release_policy.h"
+#include "core/sizing.h"
+
+namespace gpumem {
+
+Block* PlainSegments::grow(Request& r) {
+  const std::size_t normal = segment_size(r.size);
+  if (Block* block = reserve(r, normal)) return block;
+  const std::size_t tight = tight_segment_size(r.size);
+  return tight == normal ? nullptr : reserve(r, tight);
+}
+
+// Releasing for a request frees room for the smallest segment that holds it.
+std::size_t PlainSegments::growth_for(std::size_t size) const { return tight_segment_size(size); }
+
+// The cap first, then the pool's source (the backend, or a MemPool's allocator); the cap is given
+// back if the source refuses or throws.
+Block* PlainSegments::reserve(Request& r, std::size_t bytes) {
+  void* ptr = d_.grow_for(r, bytes, [&] { return d_.source_of(*r.pool).reserve(bytes); });
+  if (!ptr) return nullptr;
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  if (d_.overlaps_segment(addr, bytes)) {
+    d_.cap.unreserve(bytes);  // the memory is not the allocator's: it cannot be given back either
+    d_.throw_overlap("reserve", addr, bytes);
+  }
+  Segment* segment = d_.add_segment(*r.pool, r.small, r.stream, addr, bytes);
+  segment->mapped = bytes;
+  d_.stats.reserve(r.small, bytes, 1);
+  ++d_.stats.num_device_alloc;
+  d_.note_high();
+  return segment->head;
+}
+
+std::vector<Segment*> PlainSegments::unused() const {
+  std::vector<Segment*> found;
+  for (const auto& [addr, segment] : d_.segments) {
+    if (segment->is_unused() && d_.releasable_pool(*segment->pool)) found.push_back(segment.get());
+  }
+  return found;
+}
+
+void PlainSegments::release_segment(Segment* segment) {
+  Block* head = segment->head;
+  segment->source->release(head->ptr(), segment->size);
+  segment->pool->blocks_for(segment->small).erase(head);
+  d_.cap.unreserve(segment->size);
+  d_.stats.unreserve(segment->small, segment->size, 1);
+  ++d_.stats.num_device_free;
+  d_.erase_segment(segment);
+}
+
+// Oldest first until `bytes` went back; for a request, the segments the release policy chooses.
+std::size_t PlainSegments::release(std::size_t bytes, ReleaseOrder order) {
+  if (bytes == 0) return 0;
+  std::vector<Segment*> candidates = unused();
+  if (order == ReleaseOrder::kOldest) {
+    sort_oldest_first(candidates);
+  } else {
+    candidates = choose_for_bytes(std::move(candidates), bytes);
+  }
+  std::size_t freed = 0;
+  for (Segment* s : candidates) {
+    if (order == ReleaseOrder::kOldest && freed >= bytes) break;
+    freed += s->size;
+    release_segment(s);
+  }
+  return freed;
+}
+
+void PlainSegments::drop(const Segment& segment) noexcept {
+  quietly([&] { segment.source->release(segment.head->ptr(), segment.size); });
+}
+
+}  // namespace gpumem
