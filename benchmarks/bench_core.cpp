@@ -38,7 +38,9 @@ using gpumem::StreamId;
 
 constexpr std::size_t kRing = 64;
 constexpr int kRuns = 5;
-constexpr double kTargetNs = 100.0;
+// The targets: one thread on the cached path, and two threads in parallel against one.
+constexpr double kTargetNs = 70.0;
+constexpr double kTwoThreadShare = 0.6;
 constexpr std::size_t kCapacity = std::size_t{1} << 40;  // 1 TiB: the device never runs out
 using Clock = std::chrono::steady_clock;
 
@@ -192,42 +194,52 @@ Figures measure(SimBackend& backend, std::vector<std::unique_ptr<Ring>>& rings,
   return f;
 }
 
-void print(const char* name, const Figures& f) {
-  std::printf("%-36s %8.1f ns [%7.1f .. %7.1f]  cpu %7.1f ns  aggregate %7.1f ns  target < %.0f ns: %-5s\n", name,
-              f.wall_ns, f.min_ns, f.max_ns, f.cpu_ns, f.aggregate_ns, kTargetNs,
-              f.wall_ns < kTargetNs ? "met" : "ABOVE");
+// `target`: what the row is held to, and whether it met it.
+void print(const char* name, const Figures& f, const std::string& target, bool met) {
+  std::printf("%-36s %8.1f ns [%7.1f .. %7.1f]  cpu %7.1f ns  aggregate %7.1f ns  %s: %s\n", name, f.wall_ns,
+              f.min_ns, f.max_ns, f.cpu_ns, f.aggregate_ns, target.c_str(), met ? "met" : "MISSED");
   std::printf("%-36s pairs that reached the backend: %.4f%%; cache: %zu segments, %.2f GiB, %zu free blocks\n", "",
               100.0 * f.backend_share, f.cache.segments, static_cast<double>(f.cache.reserved) / (1 << 30),
               f.cache.free_blocks);
 }
 
+// Two threads are held to a share of one thread's time per pair: they should run in parallel.
+void print_against(const char* name, const Figures& f, const Figures& one) {
+  const double ratio = f.aggregate_ns / one.wall_ns;
+  char target[96];
+  std::snprintf(target, sizeof target, "aggregate %.2f x 1 thread, target <= %.1f", ratio, kTwoThreadShare);
+  print(name, f, target, ratio <= kTwoThreadShare);
+}
+
 const gpumem::AllocatorConfig kNoLimit{};
 
-void bench_one_thread() {
+Figures bench_one_thread() {
   SimBackend backend(kCapacity);
   DeviceAllocator alloc(backend, 0, kNoLimit);
   std::vector<std::unique_ptr<Ring>> rings;
   rings.push_back(std::make_unique<Ring>(alloc, 0, 1));
-  print("1 thread", measure(backend, rings, {&alloc}));
+  const Figures f = measure(backend, rings, {&alloc});
+  print("1 thread", f, "target < " + std::to_string(static_cast<int>(kTargetNs)) + " ns", f.wall_ns < kTargetNs);
+  return f;
 }
 
-void bench_two_streams() {
+void bench_two_streams(const Figures& one) {
   SimBackend backend(kCapacity);
   DeviceAllocator alloc(backend, 0, kNoLimit);
   std::vector<std::unique_ptr<Ring>> rings;
   rings.push_back(std::make_unique<Ring>(alloc, 1, 1));
   rings.push_back(std::make_unique<Ring>(alloc, 2, 2));
-  print("2 threads, one device, own streams", measure(backend, rings, {&alloc}));
+  print_against("2 threads, one device, own streams", measure(backend, rings, {&alloc}), one);
 }
 
-void bench_two_devices() {
+void bench_two_devices(const Figures& one) {
   SimBackend backend(kCapacity, 2);
   DeviceAllocator alloc0(backend, 0, kNoLimit);
   DeviceAllocator alloc1(backend, 1, kNoLimit);
   std::vector<std::unique_ptr<Ring>> rings;
   rings.push_back(std::make_unique<Ring>(alloc0, 0, 1));
   rings.push_back(std::make_unique<Ring>(alloc1, 0, 2));
-  print("2 threads, own devices", measure(backend, rings, {&alloc0, &alloc1}));
+  print_against("2 threads, own devices", measure(backend, rings, {&alloc0, &alloc1}), one);
 }
 
 }  // namespace
@@ -244,9 +256,9 @@ int main(int argc, char** argv) {
               "         with -DGPUMEM_CHECK_INVARIANTS=OFF for the figures of a release build\n");
 #endif
   std::printf("\n");
-  bench_one_thread();
+  const Figures one = bench_one_thread();
   if (argc > 2 && std::string(argv[2]) == "one-thread") return 0;
-  bench_two_streams();
-  bench_two_devices();
+  bench_two_streams(one);
+  bench_two_devices(one);
   return 0;
 }
