@@ -21,7 +21,7 @@ DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorCo
       device_(device),
       d_(backend, device, this),
       plain_(d_),
-      growable_(d_, plain_, backend.page_size(device), config.growable),
+      growable_(d_, plain_, config.growable),
       release_threshold_(0.0) {
   d_.device_total = backend_.total_memory(device);
   check_release_threshold(config.release_threshold);
@@ -32,6 +32,7 @@ DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorCo
   d_.cap.set_limit(config.limit.value_or(d_.device_total));
   scope_ = config.scope;  // measured at the first growth: the backend is not asked yet
   release_threshold_ = config.release_threshold;
+  growable_.set_page_size(backend_.page_size(device));  // the backend is asked once the config holds
 }
 
 DeviceAllocator::~DeviceAllocator() {

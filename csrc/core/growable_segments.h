@@ -15,11 +15,12 @@ namespace gpumem {
 
 class GrowableSegments final : public MemorySource {
  public:
-  // `page_size`: the backend's mapping granularity, 0 where it cannot map pages. Where no address
-  // range can be had, new memory comes from `plain`.
-  GrowableSegments(DeviceState& d, PlainSegments& plain, std::size_t page_size, bool on)
-      : d_(d), plain_(plain), page_size_(page_size), on_(on) {}
+  // Where no address range can be had, new memory comes from `plain`. No growable segments until
+  // set_page_size gives the backend's mapping granularity.
+  GrowableSegments(DeviceState& d, PlainSegments& plain, bool on) : d_(d), plain_(plain), on_(on) {}
 
+  // The backend's mapping granularity, 0 where it cannot map pages; set once, before any growth.
+  void set_page_size(std::size_t page_size) { page_size_ = page_size; }
   // Whether new memory of `pool` comes from here: the default pool, while asked for and supported.
   bool serves(const Pool& pool) const { return in_effect() && &pool == &d_.default_pool; }
   void set_on(bool on) { on_ = on; }
@@ -58,7 +59,7 @@ class GrowableSegments final : public MemorySource {
 
   DeviceState& d_;
   PlainSegments& plain_;
-  const std::size_t page_size_;
+  std::size_t page_size_ = 0;
   bool on_;  // asked for (in effect only if page_size_ > 0)
 };
 
