@@ -181,7 +181,7 @@ void DeviceAllocator::free_block(Block* block) {
   if (!over_limit && release_threshold_ == 0.0) return;
   // Something became releasable: a whole plain segment, or a free page of a growable one.
   if (!memory_of(*merge.block->segment).frees_memory(*merge.block)) return;
-  if (over_limit) release_oldest_until(d_.cap.budget());  // Note [reserved above a lowered limit]
+  if (over_limit) give_back_over_limit();
   if (release_threshold_ > 0.0) apply_release_threshold();
 }
 

@@ -219,6 +219,7 @@ class DeviceAllocator {
   void synchronize_and_process_events();
 
   bool release_oldest_until(std::size_t reserved_target);
+  bool release_bytes(std::size_t need, ReleaseOrder order);
   void give_back_over_limit();
   bool release_all_unused();
   bool release_for(const Request& r);

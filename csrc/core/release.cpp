@@ -14,10 +14,13 @@ namespace gpumem {
 // segments, then the free pages of growable ones.
 bool DeviceAllocator::release_oldest_until(std::size_t reserved_target) {
   const std::size_t reserved = d_.cap.reserved();
-  if (reserved <= reserved_target) return false;
-  const std::size_t need = reserved - reserved_target;
-  std::size_t freed = plain_.release(need, ReleaseOrder::kOldest);
-  if (freed < need) freed += growable_.release(need - freed, ReleaseOrder::kOldest);
+  return reserved > reserved_target && release_bytes(reserved - reserved_target, ReleaseOrder::kOldest);
+}
+
+// Asks both sources, plain first, for `need` bytes in `order`; true (and counted) if any went.
+bool DeviceAllocator::release_bytes(std::size_t need, ReleaseOrder order) {
+  std::size_t freed = plain_.release(need, order);
+  if (freed < need) freed += growable_.release(need - freed, order);
   if (freed == 0) return false;
   ++d_.stats.num_cache_releases;
   return true;
@@ -37,19 +40,13 @@ bool DeviceAllocator::release_for(const Request& r) {
   // Reserved may stand above a lowered limit: the shortfall counts from there, not from zero headroom.
   const std::size_t after = d_.cap.reserved() + bytes, limit = d_.cap.budget();
   const std::size_t need = r.device_refused ? bytes : (after > limit ? after - limit : 0);
-  if (need == 0) return false;
-  std::size_t freed = plain_.release(need, ReleaseOrder::kForRequest);
-  if (freed < need) freed += growable_.release(need - freed, ReleaseOrder::kForRequest);
-  if (freed == 0) return false;
-  ++d_.stats.num_cache_releases;
-  return true;
+  return need > 0 && release_bytes(need, ReleaseOrder::kForRequest);
 }
 
 void DeviceAllocator::apply_release_threshold() {
   // The share is of the limit; under a limit on the whole process, what is outside counts too.
   const auto share = static_cast<std::size_t>(release_threshold_ * static_cast<double>(d_.cap.limit()));
-  const std::size_t target = share > d_.cap.outside() ? share - d_.cap.outside() : 0;
-  if (d_.cap.reserved() > target) release_oldest_until(target);
+  release_oldest_until(share > d_.cap.outside() ? share - d_.cap.outside() : 0);
 }
 
 void DeviceAllocator::empty_cache(PoolId id) {
@@ -70,7 +67,7 @@ void DeviceAllocator::empty_cache(PoolId id) {
 
 // See Note [reserved above a lowered limit].
 void DeviceAllocator::give_back_over_limit() {
-  if (d_.cap.reserved() > d_.cap.budget() && !d_.capturing()) release_oldest_until(d_.cap.budget());
+  if (!d_.capturing()) release_oldest_until(d_.cap.budget());
 }
 
 void DeviceAllocator::set_release_threshold(double share) {
