@@ -23,7 +23,7 @@ void DeviceAllocator::defer(Block* block) {
   Deferred d{block, {}};
   if (capture_reuse_) {
     for (StreamId s : block->stream_uses) {
-      const CaptureMarker marker = backend_.capture_marker(device_, s);
+      const CaptureMarker marker = d_.backend.capture_marker(d_.device, s);
       if (marker == 0) {
         d.markers.clear();
         break;
@@ -38,7 +38,7 @@ void DeviceAllocator::reuse_deferred(StreamId stream) {
   auto followed = [&](const Deferred& d) {
     if (d.markers.empty() || d.block->stream != stream) return false;
     return std::all_of(d.markers.begin(), d.markers.end(),
-                       [&](CaptureMarker m) { return backend_.capture_follows(device_, stream, m); });
+                       [&](CaptureMarker m) { return d_.backend.capture_follows(d_.device, stream, m); });
   };
   // One at a time, each out of the list before it is freed: a free that throws (a release the
   // threshold asks for) leaves the others deferred, to be freed when the capture ends.

@@ -17,13 +17,11 @@ void check_release_threshold(double share) {
 }
 
 DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorConfig& config)
-    : backend_(backend),
-      device_(device),
-      d_(backend, device, this),
+    : d_(backend, device, this),
       plain_(d_),
       growable_(d_, plain_, config.growable),
       release_threshold_(0.0) {
-  d_.device_total = backend_.total_memory(device);
+  d_.device_total = d_.backend.total_memory(device);
   check_release_threshold(config.release_threshold);
   if (config.limit && *config.limit > d_.device_total) {
     throw LimitSpecError("gpumem: limit of " + format_bytes(*config.limit) + " is above device " +
@@ -32,16 +30,16 @@ DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorCo
   d_.cap.set_limit(config.limit.value_or(d_.device_total));
   scope_ = config.scope;  // measured at the first growth: the backend is not asked yet
   release_threshold_ = config.release_threshold;
-  growable_.set_page_size(backend_.page_size(device));  // the backend is asked once the config holds
+  growable_.set_page_size(d_.backend.page_size(device));  // the backend is asked once the config holds
 }
 
 DeviceAllocator::~DeviceAllocator() {
   // The owner is going away: give everything back, live blocks included. A destructor must not
   // throw (it would end the process): a backend call that fails now leaves that memory to the
   // driver, which frees it with the process.
-  for (const PendingFree& p : pending_) quietly([&] { backend_.destroy_event(device_, p.event); });
+  for (const PendingFree& p : pending_) quietly([&] { d_.backend.destroy_event(d_.device, p.event); });
   for (const auto& [addr, bytes] : uncached_) {
-    quietly([&] { backend_.release(device_, reinterpret_cast<void*>(addr), bytes); });
+    quietly([&] { d_.backend.release(d_.device, reinterpret_cast<void*>(addr), bytes); });
   }
   for (const auto& [addr, segment] : d_.segments) memory_of(*segment).drop(*segment);
 }
@@ -125,14 +123,14 @@ Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t reques
 void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size, bool device_refused) {
   ++d_.stats.num_ooms;
   OomInfo info;
-  info.device = device_;
+  info.device = d_.device;
   info.requested = requested;
   info.allocated = allocated_locked();
   info.reserved = d_.cap.reserved();
   info.limit = d_.cap.limit();
   info.process_scope = scope_ == LimitScope::kProcess;
   info.outside = d_.cap.outside();
-  const MemInfo mem = backend_.mem_info(device_);
+  const MemInfo mem = d_.backend.mem_info(d_.device);
   info.device_free = mem.free;
   info.device_total = mem.total;
   info.largest_free_block = largest_free_block_locked();
@@ -196,7 +194,7 @@ void DeviceAllocator::record_stream(Block* block, StreamId stream) {
 
 void DeviceAllocator::insert_events(Block* block) {
   block->pending_events = static_cast<int>(block->stream_uses.size());
-  for (StreamId s : block->stream_uses) pending_.push_back({block, backend_.record_event(device_, s)});
+  for (StreamId s : block->stream_uses) pending_.push_back({block, d_.backend.record_event(d_.device, s)});
   block->stream_uses.clear();
 }
 
@@ -209,11 +207,11 @@ void DeviceAllocator::process_events() {
   std::size_t kept = 0;
   for (std::size_t i = 0; i < pending_.size(); ++i) {
     PendingFree p = pending_[i];
-    if (!backend_.event_done(device_, p.event)) {
+    if (!d_.backend.event_done(d_.device, p.event)) {
       pending_[kept++] = p;
       continue;
     }
-    backend_.destroy_event(device_, p.event);
+    d_.backend.destroy_event(d_.device, p.event);
     if (p.block->pending_events == 1) {
       done.push_back(p.block);
     } else {
@@ -229,7 +227,7 @@ void DeviceAllocator::process_events() {
 
 void DeviceAllocator::synchronize_and_process_events() {
   if (pending_.empty()) return;
-  backend_.synchronize(device_);
+  d_.backend.synchronize(d_.device);
   ++d_.stats.num_sync_all_streams;
   process_events();
 }
@@ -274,7 +272,7 @@ std::size_t DeviceAllocator::largest_free_block() const {
   return largest_free_block_locked();
 }
 
-MemInfo DeviceAllocator::device_mem_info() { return backend_.mem_info(device_); }
+MemInfo DeviceAllocator::device_mem_info() { return d_.backend.mem_info(d_.device); }
 
 namespace {
 

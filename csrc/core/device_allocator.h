@@ -99,7 +99,7 @@ class DeviceAllocator {
   DeviceAllocator(const DeviceAllocator&) = delete;
   DeviceAllocator& operator=(const DeviceAllocator&) = delete;
 
-  int device() const { return device_; }
+  int device() const { return d_.device; }
 
   // A block of at least `size` bytes usable on `stream`, and of at least `at_least` bytes (a
   // multiple of 512: a rounding the caller asks for); throws OutOfMemoryError.
@@ -235,8 +235,6 @@ class DeviceAllocator {
   void check_invariants_locked() const;
   void debug_check() const;
 
-  Backend& backend_;
-  const int device_;
   DeviceState d_;
   PlainSegments plain_;
   GrowableSegments growable_;

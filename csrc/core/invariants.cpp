@@ -115,35 +115,35 @@ void compare(int device, const char* name, const StatArray& kept, const StatArra
 void DeviceAllocator::check_invariants_locked() const {
   Recount r;
   for (const auto& [addr, segment] : d_.segments) {
-    if (addr != segment->addr) broken(device_, "segment filed under the wrong address", addr);
-    check_segment(device_, *segment, growable_.page_size(), r);
-    check_source(device_, *segment, &d_.backend_source);
+    if (addr != segment->addr) broken(d_.device, "segment filed under the wrong address", addr);
+    check_segment(d_.device, *segment, growable_.page_size(), r);
+    check_source(d_.device, *segment, &d_.backend_source);
   }
   const auto check_pool = [&](const Pool& pool) {
     for (const FreeBlocks* set : {&pool.small_blocks, &pool.large_blocks, &pool.unmapped_small, &pool.unmapped_large}) {
       set->check();
     }
     const std::size_t in_sets = pool.small_blocks.size() + pool.large_blocks.size();
-    if (in_sets != r.free_blocks[&pool]) broken(device_, "a free set holds blocks that are not free blocks of its segments", 0);
+    if (in_sets != r.free_blocks[&pool]) broken(d_.device, "a free set holds blocks that are not free blocks of its segments", 0);
     if (pool.unmapped_small.size() + pool.unmapped_large.size() != r.unmapped_blocks[&pool]) {
-      broken(device_, "an unmapped set holds blocks that are not unmapped blocks of its segments", 0);
+      broken(d_.device, "an unmapped set holds blocks that are not unmapped blocks of its segments", 0);
     }
-    if (pool.segments != r.segments[&pool]) broken(device_, "a pool's segment count differs from its segments", 0);
+    if (pool.segments != r.segments[&pool]) broken(d_.device, "a pool's segment count differs from its segments", 0);
   };
   check_pool(d_.default_pool);
   for (const auto& [id, pool] : private_pools_) check_pool(*pool);
   const DeviceStats kept = d_.stats.snapshot();
-#define GPUMEM_COMPARE(name, help) compare(device_, #name, kept.name, r.stats.name);
+#define GPUMEM_COMPARE(name, help) compare(d_.device, #name, kept.name, r.stats.name);
   GPUMEM_STAT_ARRAYS(GPUMEM_COMPARE)
 #undef GPUMEM_COMPARE
   if (d_.cap.reserved() != static_cast<std::size_t>(d_.stats.reserved_bytes()) + uncached_bytes_) {
-    broken(device_, "the cap's reserved bytes differ from the statistics and the uncached bytes", 0);
+    broken(d_.device, "the cap's reserved bytes differ from the statistics and the uncached bytes", 0);
   }
   std::map<const Block*, int> events;
   for (const PendingFree& p : pending_) ++events[p.block];
   for (const Deferred& d : deferred_) ++events[d.block];
   for (const auto& [block, count] : events) {
-    if (block->pending_events != count) broken(device_, "pending event count differs from the events queued", block->addr);
+    if (block->pending_events != count) broken(d_.device, "pending event count differs from the events queued", block->addr);
   }
 }
 

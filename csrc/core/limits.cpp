@@ -11,7 +11,7 @@ namespace gpumem {
 
 void DeviceAllocator::set_limit(std::optional<std::size_t> limit) {
   if (limit && *limit > d_.device_total) {
-    throw LimitSpecError("gpumem: limit of " + format_bytes(*limit) + " is above device " + std::to_string(device_) +
+    throw LimitSpecError("gpumem: limit of " + format_bytes(*limit) + " is above device " + std::to_string(d_.device) +
                          "'s total of " + format_bytes(d_.device_total) + ". " + kLimitForms);
   }
   std::lock_guard<Lock> lock(mutex_);
@@ -69,7 +69,7 @@ void DeviceAllocator::measure_outside_locked() {
   // The first measurement may make the device's context: not while a graph may be capturing.
   if (!measured && d_.capturing()) return;
   const std::size_t held = d_.cap.reserved();
-  std::optional<std::size_t> used = backend_.process_used(device_);
+  std::optional<std::size_t> used = d_.backend.process_used(d_.device);
   // Less than the allocator holds cannot be this process's figure (a pid that names another
   // process, in a container's own pid namespace): as if there were none.
   // A figure that went away leaves the last one in place; one that is not ours falls back.
@@ -80,7 +80,7 @@ void DeviceAllocator::measure_outside_locked() {
     outside_source_.store(OutsideSource::kProcessAccounting, std::memory_order_relaxed);
   } else if (!measured || (not_ours && outside_source_.load(std::memory_order_relaxed) ==
                                            OutsideSource::kProcessAccounting)) {
-    const MemInfo mem = backend_.mem_info(device_);
+    const MemInfo mem = d_.backend.mem_info(d_.device);
     const std::size_t device_used = mem.total - std::min(mem.free, mem.total);
     d_.cap.set_outside(device_used > held ? device_used - held : 0);
     outside_source_.store(OutsideSource::kDeviceAtFirst, std::memory_order_relaxed);

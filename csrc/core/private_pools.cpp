@@ -90,7 +90,7 @@ int DeviceAllocator::pool_use_count(PoolId id) const {
 Pool& DeviceAllocator::existing_pool(PoolId id) const {
   auto it = private_pools_.find(id);
   if (it == private_pools_.end()) {
-    throw std::invalid_argument("gpumem: pool " + name_of(id) + " does not exist on device " + std::to_string(device_) +
+    throw std::invalid_argument("gpumem: pool " + name_of(id) + " does not exist on device " + std::to_string(d_.device) +
                                 "; create it first (torch.cuda.MemPool does)");
   }
   return *it->second;

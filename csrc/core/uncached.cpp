@@ -28,7 +28,7 @@ void* DeviceAllocator::malloc_uncached(std::size_t requested) {
 }
 
 void* DeviceAllocator::reserve_uncached(std::size_t bytes, bool& device_refused) {
-  const auto result = d_.cap.grow(bytes, [&] { return backend_.reserve(device_, bytes); });
+  const auto result = d_.cap.grow(bytes, [&] { return d_.backend.reserve(d_.device, bytes); });
   if (result.refusal == Refusal::kDevice) device_refused = true;
   void* ptr = result.got;
   if (!ptr) return nullptr;
@@ -43,7 +43,7 @@ bool DeviceAllocator::free_uncached(void* ptr) {
   if (it == uncached_.end()) return false;
   const std::size_t bytes = it->second;
   // The device's own free waits for work queued on the memory, as cudaFree does.
-  backend_.release(device_, ptr, bytes);
+  d_.backend.release(d_.device, ptr, bytes);
   uncached_.erase(it);
   uncached_bytes_ -= bytes;
   d_.cap.unreserve(bytes);
