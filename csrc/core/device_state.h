@@ -68,11 +68,12 @@ struct DeviceState {
   // The default pool's cache, and a private pool's once nobody holds it, may go back.
   bool releasable_pool(const Pool& pool) const { return &pool == &default_pool || pool.use_count == 0; }
 
-  // The cap's rule (Cap::grow) for a request: a device's refusal is noted on it.
+  // The cap's rule (Cap::grow), noting a device's refusal in `device_refused` (a request's, or the
+  // uncached path's): it makes the out-of-memory error "device full".
   template <class Ask>
-  auto grow_for(Request& r, std::size_t bytes, Ask&& ask) -> decltype(ask()) {
+  auto grow_noting(bool& device_refused, std::size_t bytes, Ask&& ask) -> decltype(ask()) {
     auto result = cap.grow(bytes, std::forward<Ask>(ask));
-    if (result.refusal == Refusal::kDevice) r.device_refused = true;
+    if (result.refusal == Refusal::kDevice) device_refused = true;
     return result.got;
   }
   void note_high() { reserved_high = std::max(reserved_high, cap.reserved()); }

@@ -28,9 +28,7 @@ void* DeviceAllocator::malloc_uncached(std::size_t requested) {
 }
 
 void* DeviceAllocator::reserve_uncached(std::size_t bytes, bool& device_refused) {
-  const auto result = d_.cap.grow(bytes, [&] { return d_.backend.reserve(d_.device, bytes); });
-  if (result.refusal == Refusal::kDevice) device_refused = true;
-  void* ptr = result.got;
+  void* ptr = d_.grow_noting(device_refused, bytes, [&] { return d_.backend.reserve(d_.device, bytes); });
   if (!ptr) return nullptr;
   uncached_.emplace(reinterpret_cast<std::uintptr_t>(ptr), bytes);
   uncached_bytes_ += bytes;
