@@ -6,7 +6,7 @@ const char* const kStatTypeNames[kNumStatTypes] = {"all", "small_pool", "large_p
 
 StatArray StatLedger::Figure::read() const {
   StatArray out;
-  out[kAll] = Stat{whole, whole_peak, increased[0] + increased[1], decreased[0] + decreased[1]};
+  out[kAll] = Stat{whole(), whole_peak, increased[0] + increased[1], decreased[0] + decreased[1]};
   out[kSmallPool] = Stat{current[0], peak[0], increased[0], decreased[0]};
   out[kLargePool] = Stat{current[1], peak[1], increased[1], decreased[1]};
   return out;
@@ -15,7 +15,7 @@ StatArray StatLedger::Figure::read() const {
 void StatLedger::Figure::reset_peak() {
   peak[0] = current[0];
   peak[1] = current[1];
-  whole_peak = whole;
+  whole_peak = whole();
 }
 
 void StatLedger::Figure::reset_accumulated() {

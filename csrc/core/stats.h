@@ -86,7 +86,7 @@ inline void increase_stat(StatArray& stat, bool small_pool, std::int64_t amount)
 //
 // Kept compact for the cached path, where a malloc+free pair is a hand_out, a release, a retire
 // and a few split/absorb events: per figure, the current value, peak and accumulated increases
-// and decreases of each pool, and the whole's current and peak; the whole's accumulated figures
+// and decreases of each pool, and the whole's peak; the whole's current and accumulated figures
 // are the sums of the pools' (exactly what native keeps, summed where it is read). One branch per
 // event picks the pool. The counters (num_*) are plain fields, as in DeviceStats.
 class StatLedger {
@@ -139,8 +139,8 @@ class StatLedger {
     if (bytes > 0) reserved_bytes_.decrease(t, static_cast<std::int64_t>(bytes));
   }
 
-  std::int64_t allocated_bytes() const { return allocated_bytes_.whole; }  // all pools, now
-  std::int64_t reserved_bytes() const { return reserved_bytes_.whole; }
+  std::int64_t allocated_bytes() const { return allocated_bytes_.whole(); }  // all pools, now
+  std::int64_t reserved_bytes() const { return reserved_bytes_.whole(); }
 
   DeviceStats snapshot() const;
   void reset_peak();
@@ -157,20 +157,18 @@ class StatLedger {
     std::int64_t peak[2] = {0, 0};
     std::int64_t increased[2] = {0, 0};
     std::int64_t decreased[2] = {0, 0};
-    std::int64_t whole = 0;
     std::int64_t whole_peak = 0;
 
+    std::int64_t whole() const { return current[0] + current[1]; }
     void increase(int t, std::int64_t amount) {
       current[t] += amount;
       peak[t] = current[t] > peak[t] ? current[t] : peak[t];
       increased[t] += amount;
-      whole += amount;
-      whole_peak = whole > whole_peak ? whole : whole_peak;
+      whole_peak = whole() > whole_peak ? whole() : whole_peak;
     }
     void decrease(int t, std::int64_t amount) {
       current[t] -= amount;
       decreased[t] += amount;
-      whole -= amount;
     }
     StatArray read() const;
     void reset_peak();
