@@ -233,7 +233,6 @@ void bind_limits(py::module_& m) {
   m.def("format_bytes", &format_bytes, py::arg("n"));
   m.def("block_size", [](std::size_t requested) { return round_size(requested); }, py::arg("requested"),
         "The block a request of `requested` bytes takes (core/sizing.h): at least 512 bytes, a multiple of 512.");
-  m.attr("MIN_BLOCK_SIZE") = kMinBlockSize;
   m.def("resolve_limit_text", &resolve_limit_text, py::arg("text"), py::arg("totals"),
         "GPUMEM_LIMIT's bytes for devices of these totals (None: no limit), as applied at first use; "
         "ValueError naming GPUMEM_LIMIT if it does not fit them.");

@@ -43,7 +43,6 @@ from gpumem import _C, _segments
 from gpumem._words import shown
 from gpumem.snapshot_file import Segment, Snapshot, Source, load
 
-MIN_BLOCK = _C.MIN_BLOCK_SIZE
 MiB = 1 << 20
 PAGE_SIZE = 2 * MiB  # the simulated device's mapping granularity for growable segments
 MAX_TIMELINE_POINTS = 5000
