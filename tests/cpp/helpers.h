@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -38,6 +39,38 @@ inline AllocatorConfig config_with(std::optional<std::size_t> limit, double rele
   config.release_threshold = release_threshold;
   return config;
 }
+
+// A simulated device that counts what the core asks of it, as a driver would see it: the queries
+// (device_count, total_memory, mem_info, page_size, process_used). On CUDA some of these need the
+// device's context, so tests hold the core to asking only when it must.
+class CountingBackend : public SimBackend {
+ public:
+  using SimBackend::SimBackend;
+  mutable std::atomic<int> device_counts{0};
+  std::atomic<int> totals{0}, infos{0}, page_sizes{0}, process_uses{0};
+
+  int device_count() const override {
+    ++device_counts;
+    return SimBackend::device_count();
+  }
+  std::size_t total_memory(int device) override {
+    ++totals;
+    return SimBackend::total_memory(device);
+  }
+  MemInfo mem_info(int device) override {
+    ++infos;
+    return SimBackend::mem_info(device);
+  }
+  std::size_t page_size(int device) override {
+    ++page_sizes;
+    return SimBackend::page_size(device);
+  }
+  std::optional<std::size_t> process_used(int device) override {
+    ++process_uses;
+    return SimBackend::process_used(device);
+  }
+  int asked() const { return device_counts + totals + infos + page_sizes + process_uses; }
+};
 
 constexpr std::size_t kSimPage = 2 * MiB;  // the page of a simulated device with virtual memory
 

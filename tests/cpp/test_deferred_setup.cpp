@@ -11,42 +11,17 @@
 
 using namespace gpumem_test;
 
-namespace {
-
-// Counts what the core asks of the device, as a driver would see it.
-class CountingBackend : public SimBackend {
- public:
-  using SimBackend::SimBackend;
-  mutable std::atomic<int> counts{0}, infos{0}, totals{0};
-
-  int device_count() const override {
-    ++counts;
-    return SimBackend::device_count();
-  }
-  MemInfo mem_info(int device) override {
-    ++infos;
-    return SimBackend::mem_info(device);
-  }
-  std::size_t total_memory(int device) override {
-    ++totals;
-    return SimBackend::total_memory(device);
-  }
-  int calls() const { return counts + infos + totals; }
-};
-
-}  // namespace
-
 TEST_CASE("a CachingAllocator asks its backend nothing until a device is needed", "[core][setup]") {
   CountingBackend backend(1 * GiB, 2);
   CachingAllocator core(backend);
   int runs = 0;
   core.defer_setup([&](CachingAllocator&) { ++runs; });
-  REQUIRE(backend.calls() == 0);
+  REQUIRE(backend.asked() == 0);
   REQUIRE(runs == 0);
   REQUIRE(core.device_count() == 2);
-  REQUIRE(backend.counts == 1);
+  REQUIRE(backend.device_counts == 1);
   REQUIRE(core.device_count() == 2);
-  REQUIRE(backend.counts == 1);  // counted once
+  REQUIRE(backend.device_counts == 1);  // counted once
   REQUIRE(runs == 0);            // counting is not using a device
 }
 

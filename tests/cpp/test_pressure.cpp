@@ -216,26 +216,12 @@ TEST_CASE("fragmentation counts as its own out-of-memory case", "[pressure][oom]
 
 // ---- every device of a backend ----------------------------------------------------------------
 
-namespace {
-
-class CountingBackend : public SimBackend {
- public:
-  using SimBackend::SimBackend;
-  mutable int count_calls = 0;
-  int device_count() const override {
-    ++count_calls;
-    return SimBackend::device_count();
-  }
-};
-
-}  // namespace
-
 TEST_CASE("no device is in use before one is used, and listing them counts none", "[pressure]") {
   CountingBackend backend(kDeviceBytes, 2);
   CachingAllocator core(backend);
   core.watch_pressure(0.5);
   REQUIRE(core.existing_devices().empty());
-  REQUIRE(backend.count_calls == 0);
+  REQUIRE(backend.device_counts == 0);
   core.device(1);
   const std::vector<DeviceAllocator*> in_use = core.existing_devices();
   REQUIRE(in_use.size() == 1);
