@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 from fake_c import GiB, FakeC, use_fake_c
+from gpumem import _env
 
 
 def pytest_configure(config):
@@ -74,7 +75,7 @@ def run_python():
         script = "\n".join(["import json, torch, gpumem"] + [textwrap.dedent(part) for part in parts])
         completed = subprocess.run(
             [sys.executable, "-c", script],
-            env={**_environment_without_gpumem_settings(), **(env or {})},
+            env={**environment_without_gpumem_settings(), **(env or {})},
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -89,8 +90,8 @@ def run_python():
     return run
 
 
-def _environment_without_gpumem_settings() -> dict:
-    # A GPUMEM_LIMIT, GPUMEM_SEGMENTS or GPUMEM_SCOPE in the caller's shell must not change what a
-    # test sets up.
-    return {name: value for name, value in os.environ.items()
-            if name not in ("GPUMEM_LIMIT", "GPUMEM_SEGMENTS", "GPUMEM_SCOPE")}
+def environment_without_gpumem_settings() -> dict:
+    """The environment less GPUMEM_LIMIT and every other gpumem setting: one in the caller's shell
+    must not change what a test sets up."""
+    settings = {"GPUMEM_LIMIT", *(name for name, _ in _env.SETTINGS)}
+    return {name: value for name, value in os.environ.items() if name not in settings}

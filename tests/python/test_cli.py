@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from conftest import environment_without_gpumem_settings
 from fake_c import GiB, FakeC, use_fake_c
 from gpumem import _C, _autoload, cli, replay
 
@@ -18,8 +19,7 @@ MiB = 1 << 20
 
 
 def gpumem(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    environment = {name: value for name, value in os.environ.items() if name not in ("GPUMEM_LIMIT", "GPUMEM_SEGMENTS")}
-    return subprocess.run([sys.executable, "-m", "gpumem", *args], env={**environment, **(env or {})},
+    return subprocess.run([sys.executable, "-m", "gpumem", *args], env={**environment_without_gpumem_settings(), **(env or {})},
                           capture_output=True, text=True, timeout=300)
 
 
@@ -106,7 +106,11 @@ def test_run_with_a_scope_sets_gpumem_scope_and_without_one_leaves_it_alone():
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.strip() == "process"
     completed = gpumem("run", "--limit", "4GB", "--", sys.executable, "-c", program, env={"GPUMEM_SCOPE": "process"})
+    assert completed.returncode == 0, completed.stderr
     assert completed.stdout.strip() == "process"
+    completed = gpumem("run", "--limit", "4GB", "--", sys.executable, "-c", program)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "None"
 
 
 def test_run_rejects_a_bad_scope_before_launching(tmp_path):
