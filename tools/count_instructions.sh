@@ -14,7 +14,10 @@ trap 'rm -rf "$out"' EXIT
 valgrind --tool=callgrind --collect-atstart=no "--toggle-collect=*Ring::run*" \
   --callgrind-out-file="$out/cg" build/bench/bench_core "$pairs" one-thread >"$out/log" 2>&1
 total=$(callgrind_annotate "$out/cg" | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-# run() is called once for the warm-up and kRuns (5) times measured, each with `pairs` pairs.
-calls=6
+# run() is called once for the warm-up and once per measured run (bench_core prints how many), each
+# with `pairs` pairs.
+runs=$(sed -n 's/.*median of \([0-9][0-9]*\) runs.*/\1/p' "$out/log")
+[ -n "$runs" ] || { echo "count_instructions.sh: bench_core did not say how many runs it made" >&2; exit 1; }
+calls=$((runs + 1))
 echo "bench_core one-thread ring: $total instructions in $((calls * pairs)) malloc+free pairs:" \
   "$(awk -v t="$total" -v n="$((calls * pairs))" 'BEGIN { printf "%.0f", t / n }') per pair"
