@@ -95,16 +95,20 @@ def process_scoped_sim(outside: int) -> _C.SimAllocator:
     return sim
 
 
+def labelled_samples(sim) -> list:
+    return list(metrics._device_samples(sim.device_figures(0)))
+
+
 def samples(sim) -> dict:
-    return {name: value for name, value, _ in metrics._device_samples(sim.device_figures(0))}
+    return {name: value for name, value, _ in labelled_samples(sim)}
 
 
 def test_metrics_count_the_memory_outside_under_the_process_scope():
     sim = process_scoped_sim(1536 * MiB)
-    figures = samples(sim)
+    labelled = labelled_samples(sim)
+    figures = {name: value for name, value, _ in labelled}
     assert figures["gpumem_process_outside_bytes"] == 1536 * MiB
-    [labels] = [extra for name, _, extra in metrics._device_samples(sim.device_figures(0))
-                if name == "gpumem_process_outside_bytes"]
+    [labels] = [extra for name, _, extra in labelled if name == "gpumem_process_outside_bytes"]
     assert labels == ("process accounting",)
     assert figures["gpumem_counted_bytes"] == figures["gpumem_reserved_bytes"] + 1536 * MiB
     assert figures["gpumem_free_under_limit_bytes"] == 4 * GiB - figures["gpumem_counted_bytes"]
