@@ -46,9 +46,8 @@ void DeviceAllocator::reuse_deferred(StreamId stream) {
        it = std::find_if(deferred_.begin(), deferred_.end(), followed)) {
     Block* block = it->block;
     deferred_.erase(it);
-    block->pending_events = 0;
     block->stream_uses.clear();
-    free_block(block);
+    free_pending(block);
   }
 }
 

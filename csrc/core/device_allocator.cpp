@@ -158,7 +158,11 @@ void DeviceAllocator::free(Block* block) {
   block->requested = 0;
   if (block->stream_uses.empty()) {
     free_block(block);
-  } else if (!d_.capturing()) {
+    debug_check();
+    return;
+  }
+  d_.stats.pend(small, block->size);
+  if (!d_.capturing()) {
     insert_events(block);
   } else {
     defer(block);
@@ -166,9 +170,15 @@ void DeviceAllocator::free(Block* block) {
   debug_check();
 }
 
+void DeviceAllocator::free_pending(Block* block) {
+  block->pending_events = 0;
+  d_.stats.retire(block->segment->small, block->size);
+  free_block(block);
+}
+
+// The caller freed `block` and no stream uses it: back into its pool's free set, merged.
 void DeviceAllocator::free_block(Block* block) {
   const bool small = block->segment->small;
-  d_.stats.retire(small, block->size);
   FreeBlocks& blocks = block->segment->pool->blocks_for(small);
   const Merge merge = merge_free_neighbours(block, blocks, d_.arena);
   for (int i = 0; i < merge.absorbed_count; ++i) d_.stats.absorb(small, merge.absorbed[i]);
@@ -219,10 +229,7 @@ void DeviceAllocator::process_events() {
     }
   }
   pending_.resize(kept);
-  for (Block* block : done) {
-    block->pending_events = 0;
-    free_block(block);
-  }
+  for (Block* block : done) free_pending(block);
 }
 
 void DeviceAllocator::synchronize_and_process_events() {

@@ -212,6 +212,7 @@ class DeviceAllocator {
   [[noreturn]] void throw_oom(std::size_t requested, std::size_t size, bool device_refused = false);
 
   void free_block(Block* block);
+  void free_pending(Block* block);  // a freed block no stream uses any more
   void defer(Block* block);
   void reuse_deferred(StreamId stream);
   void insert_events(Block* block);

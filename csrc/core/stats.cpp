@@ -1,14 +1,22 @@
 #include "core/stats.h"
 
+#include <tuple>
+
 namespace gpumem {
 
 const char* const kStatTypeNames[kNumStatTypes] = {"all", "small_pool", "large_pool"};
 
+namespace {
+
+std::int64_t larger(std::int64_t a, std::int64_t b) { return a > b ? a : b; }
+
+}  // namespace
+
 StatArray StatLedger::Figure::read() const {
   StatArray out;
-  out[kAll] = Stat{whole(), whole_peak, increased[0] + increased[1], decreased[0] + decreased[1]};
-  out[kSmallPool] = Stat{current[0], peak[0], increased[0], decreased[0]};
-  out[kLargePool] = Stat{current[1], peak[1], increased[1], decreased[1]};
+  out[kAll] = Stat{whole(), whole_peak, increased(0) + increased(1), decreased[0] + decreased[1]};
+  out[kSmallPool] = Stat{current[0], peak[0], increased(0), decreased[0]};
+  out[kLargePool] = Stat{current[1], peak[1], increased(1), decreased[1]};
   return out;
 }
 
@@ -19,7 +27,43 @@ void StatLedger::Figure::reset_peak() {
 }
 
 void StatLedger::Figure::reset_accumulated() {
-  increased[0] = increased[1] = decreased[0] = decreased[1] = 0;
+  base[0] = current[0];
+  base[1] = current[1];
+  decreased[0] = decreased[1] = 0;
+}
+
+// Out of line: it runs only while some block is pending.
+void StatLedger::note_active_peak(int t) {
+  for (auto [own, allocated, pending] : {std::tuple<Figure*, const Figure*, const Figure*>{&active_, &allocation_, &pending_},
+                                         {&active_bytes_, &allocated_bytes_, &pending_bytes_}}) {
+    own->peak[t] = larger(own->peak[t], allocated->current[t] + pending->current[t]);
+    own->whole_peak = larger(own->whole_peak, allocated->whole() + pending->whole());
+  }
+}
+
+// Active has increased only at hand_out, so its accumulated increases are allocation's; it has
+// decreased at every release not followed by pend() and at every retire(): allocation's decreases
+// less the pend()s since the last reset.
+StatArray StatLedger::read_active(const Figure& allocated, const Figure& pending, const Figure& own) {
+  StatArray out;
+  for (int t = 0; t < 2; ++t) {
+    Stat& s = out[t == 0 ? kSmallPool : kLargePool];
+    s.current = allocated.current[t] + pending.current[t];
+    s.peak = larger(allocated.peak[t], own.peak[t]);
+    s.allocated = allocated.increased(t);
+    s.freed = allocated.decreased[t] - (pending.current[t] - pending.base[t]);
+  }
+  const Stat& small = out[kSmallPool];
+  const Stat& large = out[kLargePool];
+  out[kAll] = Stat{small.current + large.current, larger(allocated.whole_peak, own.whole_peak),
+                   small.allocated + large.allocated, small.freed + large.freed};
+  return out;
+}
+
+void StatLedger::reset_active_peak(Figure& own, const Figure& allocated, const Figure& pending) {
+  own.peak[0] = allocated.current[0] + pending.current[0];
+  own.peak[1] = allocated.current[1] + pending.current[1];
+  own.whole_peak = allocated.whole() + pending.whole();
 }
 
 DeviceStats StatLedger::snapshot() const {
@@ -27,6 +71,8 @@ DeviceStats StatLedger::snapshot() const {
 #define GPUMEM_READ_FIGURE(name, help) out.name = name##_.read();
   GPUMEM_STAT_ARRAYS(GPUMEM_READ_FIGURE)
 #undef GPUMEM_READ_FIGURE
+  out.active = read_active(allocation_, pending_, active_);
+  out.active_bytes = read_active(allocated_bytes_, pending_bytes_, active_bytes_);
 #define GPUMEM_READ_COUNTER(name, help) out.name = name;
   GPUMEM_STAT_COUNTERS(GPUMEM_READ_COUNTER)
 #undef GPUMEM_READ_COUNTER
@@ -37,12 +83,16 @@ void StatLedger::reset_peak() {
 #define GPUMEM_RESET_FIGURE_PEAK(name, help) name##_.reset_peak();
   GPUMEM_STAT_ARRAYS(GPUMEM_RESET_FIGURE_PEAK)
 #undef GPUMEM_RESET_FIGURE_PEAK
+  reset_active_peak(active_, allocation_, pending_);
+  reset_active_peak(active_bytes_, allocated_bytes_, pending_bytes_);
 }
 
 void StatLedger::reset_accumulated() {
 #define GPUMEM_RESET_FIGURE_ACC(name, help) name##_.reset_accumulated();
   GPUMEM_STAT_ARRAYS(GPUMEM_RESET_FIGURE_ACC)
 #undef GPUMEM_RESET_FIGURE_ACC
+  pending_.reset_accumulated();
+  pending_bytes_.reset_accumulated();
 #define GPUMEM_RESET_LEDGER_COUNTER(name, help) name = 0;
   GPUMEM_STAT_COUNTERS(GPUMEM_RESET_LEDGER_COUNTER)
 #undef GPUMEM_RESET_LEDGER_COUNTER

@@ -84,35 +84,48 @@ inline void increase_stat(StatArray& stat, bool small_pool, std::int64_t amount)
 // The statistics as a device allocator keeps them: changed only through the named events below,
 // each of which moves every figure it concerns at once, and read as a DeviceStats (snapshot()).
 //
-// Kept compact for the cached path, where a malloc+free pair is a hand_out, a release, a retire
-// and a few split/absorb events: per figure, the current value, peak and accumulated increases
-// and decreases of each pool, and the whole's peak; the whole's current and accumulated figures
-// are the sums of the pools' (exactly what native keeps, summed where it is read). One branch per
-// event picks the pool. The counters (num_*) are plain fields, as in DeviceStats.
+// Kept compact for the cached path, where a malloc+free pair is a hand_out, a release and a few
+// split/absorb events. Per figure the ledger keeps each pool's current value, peak and accumulated
+// decreases, and the whole's peak; everything else is derived where it is read:
+//   - the whole's current and accumulated figures are the sums of the pools' (what native keeps);
+//   - accumulated increases = current - current at the last reset_accumulated() + decreases, so an
+//     increase writes the current and the peak only;
+//   - active = allocation + pending, where pending counts the blocks the caller freed that a stream
+//     still uses (stream events outstanding, or held while a graph captures). A block freed with no
+//     stream using it leaves allocation and active in one event, and a cached pair never touches
+//     a figure of its own for active. Active's peak is allocation's peak except while some block is
+//     pending: then hand_out raises a peak of its own (in active_), and the read takes the larger.
+//     Active only grows at hand_out, so that is exact.
+// One branch per event picks the pool. The counters (num_*) are plain fields, as in DeviceStats.
 class StatLedger {
  public:
   // A block handed out to a caller: allocated and active; `requested` bytes asked for.
   void hand_out(bool small, std::size_t size, std::size_t requested) {
     const int t = pool(small);
-    const auto bytes = static_cast<std::int64_t>(size);
     allocation_.increase(t, 1);
-    allocated_bytes_.increase(t, bytes);
-    active_.increase(t, 1);
-    active_bytes_.increase(t, bytes);
+    allocated_bytes_.increase(t, static_cast<std::int64_t>(size));
     requested_bytes_.increase(t, static_cast<std::int64_t>(requested));
+    if (pending_.current[0] != 0 || pending_.current[1] != 0) note_active_peak(t);
   }
-  // The caller freed it: no longer allocated; it stays active until retire() (a stream may use it).
+  // The caller freed it: no longer allocated. Unless pend() follows, it is no longer active either.
   void release(bool small, std::size_t size, std::size_t requested) {
     const int t = pool(small);
     allocation_.decrease(t, 1);
     allocated_bytes_.decrease(t, static_cast<std::int64_t>(size));
     requested_bytes_.decrease(t, static_cast<std::int64_t>(requested));
   }
-  // A freed block no stream uses any more: no longer active.
+  // The freed block is still used by a stream: it stays active until retire(). Active does not
+  // change (it leaves allocation as it enters pending), so no peak moves.
+  void pend(bool small, std::size_t size) {
+    const int t = pool(small);
+    pending_.current[t] += 1;
+    pending_bytes_.current[t] += static_cast<std::int64_t>(size);
+  }
+  // A pending block no stream uses any more: no longer active.
   void retire(bool small, std::size_t size) {
     const int t = pool(small);
-    active_.decrease(t, 1);
-    active_bytes_.decrease(t, static_cast<std::int64_t>(size));
+    pending_.decrease(t, 1);
+    pending_bytes_.decrease(t, static_cast<std::int64_t>(size));
   }
   // A free block that shares its segment with other blocks appeared (a split's rest, a merge that
   // leaves a part of a segment), or one went away (handed out, absorbed by a merge, unmapped).
@@ -155,15 +168,15 @@ class StatLedger {
   struct Figure {
     std::int64_t current[2] = {0, 0};
     std::int64_t peak[2] = {0, 0};
-    std::int64_t increased[2] = {0, 0};
     std::int64_t decreased[2] = {0, 0};
+    std::int64_t base[2] = {0, 0};  // current at the last reset_accumulated()
     std::int64_t whole_peak = 0;
 
     std::int64_t whole() const { return current[0] + current[1]; }
+    std::int64_t increased(int t) const { return current[t] - base[t] + decreased[t]; }
     void increase(int t, std::int64_t amount) {
       current[t] += amount;
       peak[t] = current[t] > peak[t] ? current[t] : peak[t];
-      increased[t] += amount;
       whole_peak = whole() > whole_peak ? whole() : whole_peak;
     }
     void decrease(int t, std::int64_t amount) {
@@ -175,10 +188,17 @@ class StatLedger {
     void reset_accumulated();
   };
   static int pool(bool small) { return small ? 0 : 1; }
+  void note_active_peak(int t);
+  // Active from allocation, pending and active's own peaks (`own`: only its peaks are used).
+  static StatArray read_active(const Figure& allocated, const Figure& pending, const Figure& own);
+  static void reset_active_peak(Figure& own, const Figure& allocated, const Figure& pending);
 
+  // active_ and active_bytes_ hold only active's own peaks; the rest of active is derived.
 #define GPUMEM_DECLARE_FIGURE(name, help) Figure name##_;
   GPUMEM_STAT_ARRAYS(GPUMEM_DECLARE_FIGURE)
 #undef GPUMEM_DECLARE_FIGURE
+  Figure pending_;  // freed blocks still used by a stream: the part of active not allocated
+  Figure pending_bytes_;
 };
 
 // Flat view: ("allocated_bytes.all.current", value) ... then ("num_ooms", value) ...

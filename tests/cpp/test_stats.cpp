@@ -4,6 +4,8 @@
 //   s2 = malloc(3000)    small: the free rest is cut into 3072 | 2 MiB - 4096 (free)
 //   l1 = malloc(5 MiB)   large: a 20 MiB segment, split into 5 MiB | 15 MiB (free)
 //   free(s1)             s1 cannot merge (s2 is live): a 1024-byte inactive split block
+#include <algorithm>
+#include <random>
 #include <set>
 
 #include "helpers.h"
@@ -240,6 +242,118 @@ TEST_CASE("statistics keep counting from zero after reset_accumulated_stats", "[
   require_stat(s.allocated_bytes[kLargePool], 5 * kMiB, 21 * kMiB, 16 * kMiB, 16 * kMiB);
   require_stat(s.segment[kLargePool], 2, 2, 1, 0);
   CHECK(s.num_device_alloc == 1);
+}
+
+// ---- active while blocks are pending on a stream ----------------------------------------------
+
+TEST_CASE("active's peak counts a block pending on a stream while allocation's does not", "[stats][streams]") {
+  Sim sim;
+  Block* a = sim.malloc(4 * KiB);
+  sim.alloc.record_stream(a, kStream1);
+  sim.free(a);                         // pending: active 1, allocation 0
+  Block* b = sim.malloc(8 * KiB);      // active 2, allocation 1
+  DeviceStats s = sim.stats();
+  require_stat(s.allocation[kSmallPool], 1, 1, 2, 1);
+  require_stat(s.active[kSmallPool], 2, 2, 2, 0);
+  require_stat(s.active[kAll], 2, 2, 2, 0);
+  require_stat(s.active_bytes[kAll], 12 * static_cast<I>(KiB), 12 * static_cast<I>(KiB), 12 * static_cast<I>(KiB), 0);
+  require_stat(s.active_bytes[kLargePool], 0, 0, 0, 0);
+
+  sim.backend.complete_events();
+  sim.free(b);
+  sim.malloc(512);  // the request retires a first: active 1
+  s = sim.stats();
+  require_stat(s.active[kSmallPool], 1, 2, 3, 2);
+  require_stat(s.active_bytes[kSmallPool], 512, 12 * static_cast<I>(KiB), 12 * static_cast<I>(KiB) + 512,
+               12 * static_cast<I>(KiB));
+}
+
+TEST_CASE("active's peak in one pool rises with a block pending in the other", "[stats][streams]") {
+  Sim sim;
+  Block* large = sim.malloc(2 * MiB);
+  sim.alloc.record_stream(large, kStream1);
+  sim.free(large);              // pending in the large pool
+  sim.malloc(4 * KiB);          // active: small 1, large 1, all 2
+  const DeviceStats s = sim.stats();
+  CHECK(s.active[kAll].peak == 2);
+  CHECK(s.active[kSmallPool].peak == 1);
+  CHECK(s.active[kLargePool].peak == 1);
+  CHECK(s.active_bytes[kAll].peak == 2 * kMiB + 4 * static_cast<I>(KiB));
+  CHECK(s.allocated_bytes[kAll].peak == 2 * kMiB);
+}
+
+TEST_CASE("reset_peak_stats counts pending blocks in active's peak", "[stats][streams]") {
+  Sim sim;
+  Block* a = sim.malloc(4 * KiB);
+  Block* b = sim.malloc(4 * KiB);
+  sim.alloc.record_stream(a, kStream1);
+  sim.free(a);
+  sim.free(b);
+  sim.alloc.reset_peak_stats();  // active is a (pending) alone
+  const DeviceStats s = sim.stats();
+  require_stat(s.active[kAll], 1, 1, 2, 1);
+  CHECK(s.active_bytes[kAll].peak == 4 * static_cast<I>(KiB));
+  CHECK(s.allocation[kAll].peak == 0);
+}
+
+TEST_CASE("a block pending across reset_accumulated_stats counts as freed once when it retires", "[stats][streams]") {
+  Sim sim;
+  Block* a = sim.malloc(4 * KiB);
+  sim.alloc.record_stream(a, kStream1);
+  sim.free(a);
+  sim.alloc.reset_accumulated_stats();
+  sim.backend.complete_events();
+  sim.malloc(512);  // retires a, hands out 512 bytes
+  const DeviceStats s = sim.stats();
+  require_stat(s.active[kAll], 1, 1, 1, 1);
+  require_stat(s.active_bytes[kAll], 512, 4 * static_cast<I>(KiB), 512, 4 * static_cast<I>(KiB));
+  require_stat(s.allocation[kAll], 1, 1, 1, 0);
+}
+
+TEST_CASE("active's peak is the largest active seen after any operation, with streams, resets and retries", "[stats][streams]") {
+  Sim sim;
+  std::mt19937_64 rng(7);
+  std::vector<Block*> live;
+  I peak[kNumStatTypes] = {0, 0, 0};
+  I peak_bytes[kNumStatTypes] = {0, 0, 0};
+  I base[kNumStatTypes] = {0, 0, 0};  // active's current at the last reset_accumulated_stats
+  for (int op = 0; op < 4000; ++op) {
+    const auto pick = rng() % 100;
+    if (pick < 45 || live.empty()) {
+      const std::size_t size = std::size_t{512} << (rng() % 14);  // 512 B .. 4 MiB
+      live.push_back(sim.malloc(size, static_cast<StreamId>(rng() % 2)));
+    } else if (pick < 85) {
+      const std::size_t i = rng() % live.size();
+      if (rng() % 3 == 0) sim.alloc.record_stream(live[i], kStream2);
+      sim.free(live[i]);
+      live[i] = live.back();
+      live.pop_back();
+    } else if (pick < 95) {
+      sim.backend.complete_events();
+    } else if (pick < 98) {
+      sim.alloc.reset_peak_stats();
+      const DeviceStats s = sim.stats();
+      for (int t = 0; t < kNumStatTypes; ++t) {
+        peak[t] = s.active[t].current;
+        peak_bytes[t] = s.active_bytes[t].current;
+      }
+    } else {
+      sim.alloc.reset_accumulated_stats();
+      const DeviceStats s = sim.stats();
+      for (int t = 0; t < kNumStatTypes; ++t) base[t] = s.active[t].current;
+    }
+    const DeviceStats s = sim.stats();
+    for (int t = 0; t < kNumStatTypes; ++t) {
+      INFO("operation " << op << ", " << kStatTypeNames[t]);
+      peak[t] = std::max(peak[t], s.active[t].current);
+      peak_bytes[t] = std::max(peak_bytes[t], s.active_bytes[t].current);
+      REQUIRE(s.active[t].peak == peak[t]);
+      REQUIRE(s.active_bytes[t].peak == peak_bytes[t]);
+      REQUIRE(s.active[t].allocated == s.allocation[t].allocated);
+      REQUIRE(s.active[t].allocated - s.active[t].freed == s.active[t].current - base[t]);
+    }
+  }
+  sim.alloc.check_invariants();
 }
 
 // ---- flatten ----------------------------------------------------------------------------------
