@@ -98,20 +98,29 @@ Pool& DeviceAllocator::targeted_pool_locked(StreamId stream) {
 
 // A cached free block of `pool` for the request (its class, stream and size), or nullptr.
 Block* DeviceAllocator::try_cached(Pool& pool, const Request& r) {
-  Block* block = pool.blocks_for(r.small).take_best_fit(r.stream, r.size);
-  if (block && block->is_split()) d_.stats.absorb(r.small, block->size);
-  return block;
+  return pool.blocks_for(r.small).take_best_fit(r.stream, r.size);
 }
 
 // Hands out the front of `block`, returning the rest to the pool when it is worth keeping and the
 // pool splits blocks. The pool's no_split is read only when a split is due, so the common path of
 // an exact or near fit reads nothing more than before.
+//
+// Inactive split blocks change as native counts them: a split block that is cut gives the caller
+// `size` bytes (it stays one inactive split block); an unsplit one that is cut leaves a new one,
+// its rest; a split block handed out whole is one fewer.
 Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t requested) {
-  const bool small = block->segment->small;
-  if (should_split(block->size, size) && !block->segment->pool->no_split) {
+  const Segment& segment = *block->segment;
+  const bool small = segment.small;
+  const bool was_split = block->is_split();
+  if (should_split(block->size, size) && !segment.pool->no_split) {
     Block* rest = split_block(block, size, d_.arena);
-    block->segment->pool->blocks_for(small).insert(rest);
-    d_.stats.split(small, rest->size);
+    segment.pool->blocks_for(small).insert(rest);
+    if (!segment.growable) {
+      d_.stats.split_change(small, was_split ? 0 : 1,
+                            was_split ? -static_cast<std::int64_t>(size) : static_cast<std::int64_t>(rest->size));
+    }
+  } else if (was_split && !segment.growable) {
+    d_.stats.split_change(small, -1, -static_cast<std::int64_t>(block->size));
   }
   block->allocated = true;
   block->requested = requested;
@@ -178,11 +187,16 @@ void DeviceAllocator::free_pending(Block* block) {
 
 // The caller freed `block` and no stream uses it: back into its pool's free set, merged.
 void DeviceAllocator::free_block(Block* block) {
-  const bool small = block->segment->small;
-  FreeBlocks& blocks = block->segment->pool->blocks_for(small);
+  const Segment& segment = *block->segment;  // `block` itself may be folded into its neighbour
+  const bool small = segment.small;
+  FreeBlocks& blocks = segment.pool->blocks_for(small);
   const Merge merge = merge_free_neighbours(block, blocks, d_.arena);
-  for (int i = 0; i < merge.absorbed_count; ++i) d_.stats.absorb(small, merge.absorbed[i]);
-  if (merge.block->is_split()) d_.stats.split(small, merge.block->size);
+  if (!segment.growable) {  // the net change: the neighbours folded in, the merged block if split
+    const bool split = merge.block->is_split();
+    d_.stats.split_change(small, (split ? 1 : 0) - merge.absorbed_count,
+                          static_cast<std::int64_t>(split ? merge.block->size : 0) -
+                              static_cast<std::int64_t>(merge.absorbed_bytes));
+  }
   blocks.insert(merge.block);
   // Usually neither holds, and the free ends here.
   const bool over_limit = d_.cap.reserved() > d_.cap.budget() && !d_.capturing();

@@ -114,7 +114,7 @@ Block* GrowableSegments::reserve_range(const Request& r) {
 }
 
 // Maps the pages at the start of `unmapped` that, with its free mapped neighbours, make a block of
-// `size` bytes, and returns that merged block (in no set, not counted as inactive); nullptr if the
+// `size` bytes, and returns that merged block (in no set); nullptr if the
 // cap or the device refuses the pages.
 Block* GrowableSegments::map_front(Request& r, Block* unmapped) {
   const std::size_t size = r.size;
@@ -131,9 +131,7 @@ Block* GrowableSegments::map_front(Request& r, Block* unmapped) {
   d_.stats.reserve(small, bytes, 0);
   ++d_.stats.num_device_alloc;
   d_.note_high();
-  const Merge merge = merge_free_neighbours(unmapped, segment.pool->blocks_for(small), d_.arena);
-  for (int i = 0; i < merge.absorbed_count; ++i) d_.stats.absorb(small, merge.absorbed[i]);
-  return merge.block;
+  return merge_free_neighbours(unmapped, segment.pool->blocks_for(small), d_.arena).block;
 }
 
 // Unmaps the whole pages inside `block` (cached, in a growable segment); the partial pages at its
@@ -152,9 +150,6 @@ std::size_t GrowableSegments::unmap_block(Block* block) {
 
   FreeBlocks& cached = segment.pool->blocks_for(small);
   cached.erase(block);
-  if (block->is_split()) {
-    d_.stats.absorb(small, block->size);
-  }
   Block* front = nullptr;
   Block* back = nullptr;
   Block* middle = block;
@@ -164,9 +159,7 @@ std::size_t GrowableSegments::unmap_block(Block* block) {
   }
   if (hi < middle->addr + middle->size) back = split_block(middle, hi - middle->addr, d_.arena);
   for (Block* remnant : {front, back}) {
-    if (!remnant) continue;
-    cached.insert(remnant);
-    d_.stats.split(small, remnant->size);
+    if (remnant) cached.insert(remnant);
   }
   middle->mapped = false;
   FreeBlocks& unmapped_set = segment.pool->unmapped_for(small);

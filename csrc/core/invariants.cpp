@@ -23,7 +23,8 @@ struct Recount {
   throw std::logic_error(msg.str());
 }
 
-void count_block(Recount& r, const Block& b, bool small) {
+// Inactive split blocks are counted in plain segments only (StatLedger::split_change).
+void count_block(Recount& r, const Block& b, bool small, bool growable) {
   if (!b.mapped) return;  // no memory: in no statistic
   const auto bytes = static_cast<std::int64_t>(b.size);
   if (b.allocated) {
@@ -34,7 +35,7 @@ void count_block(Recount& r, const Block& b, bool small) {
   if (!b.is_free()) {
     increase_stat(r.stats.active, small, 1);
     increase_stat(r.stats.active_bytes, small, bytes);
-  } else if (b.is_split()) {
+  } else if (b.is_split() && !growable) {
     increase_stat(r.stats.inactive_split, small, 1);
     increase_stat(r.stats.inactive_split_bytes, small, bytes);
   }
@@ -93,7 +94,7 @@ void check_segment(int device, const Segment& s, std::size_t page, Recount& r) {
     if (in_own != b->is_free()) broken(device, b->is_free() ? "free block missing from its pool" : "used block in a free set", b->addr);
     if (s.pool->unmapped_for(s.small).contains(b)) broken(device, "mapped block in an unmapped set", b->addr);
     if (b->is_free()) ++r.free_blocks[s.pool];
-    count_block(r, *b, s.small);
+    count_block(r, *b, s.small, s.growable);
   }
   if (total != s.size) broken(device, "block sizes do not sum to the segment size", s.addr);
   if (s.mapped != s.size - unmapped) broken(device, "mapped bytes differ from the segment less its unmapped blocks", s.addr);

@@ -30,14 +30,16 @@ void absorb(Block* earlier, Block* later, BlockArena& arena) {
 }  // namespace
 
 Merge merge_free_neighbours(Block* block, FreeBlocks& blocks, BlockArena& arena) {
-  Merge merge{block, {0, 0}, 0};
+  Merge merge{block, 0, 0};
   if (Block* next = block->next; next && next->is_free() && next->mapped == block->mapped) {
-    merge.absorbed[merge.absorbed_count++] = next->size;
+    ++merge.absorbed_count;
+    merge.absorbed_bytes += next->size;
     blocks.erase(next);
     absorb(block, next, arena);
   }
   if (Block* prev = block->prev; prev && prev->is_free() && prev->mapped == block->mapped) {
-    merge.absorbed[merge.absorbed_count++] = prev->size;
+    ++merge.absorbed_count;
+    merge.absorbed_bytes += prev->size;
     blocks.erase(prev);
     absorb(prev, block, arena);
     merge.block = prev;

@@ -18,8 +18,8 @@ Block* split_block(Block* block, std::size_t size, BlockArena& arena);
 // taking them out of `blocks`, the set of that state.
 struct Merge {
   Block* block;                // the merged block: the lowest of those merged
-  std::size_t absorbed[2];     // sizes of the neighbours folded in (each, if mapped, was an inactive split block)
-  int absorbed_count;
+  int absorbed_count;          // neighbours folded in (each, if mapped, was an inactive split block)
+  std::size_t absorbed_bytes;  // their sizes together
 };
 Merge merge_free_neighbours(Block* block, FreeBlocks& blocks, BlockArena& arena);
 

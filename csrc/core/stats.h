@@ -84,8 +84,8 @@ inline void increase_stat(StatArray& stat, bool small_pool, std::int64_t amount)
 // The statistics as a device allocator keeps them: changed only through the named events below,
 // each of which moves every figure it concerns at once, and read as a DeviceStats (snapshot()).
 //
-// Kept compact for the cached path, where a malloc+free pair is a hand_out, a release and a few
-// split/absorb events. Per figure the ledger keeps each pool's current value, peak and accumulated
+// Kept compact for the cached path, where a malloc+free pair is a hand_out, a release and at most
+// two split_change events. Per figure the ledger keeps each pool's current value, peak and accumulated
 // decreases, and the whole's peak; everything else is derived where it is read:
 //   - the whole's current and accumulated figures are the sums of the pools' (what native keeps);
 //   - accumulated increases = current - current at the last reset_accumulated() + decreases, so an
@@ -127,17 +127,14 @@ class StatLedger {
     pending_.decrease(t, 1);
     pending_bytes_.decrease(t, static_cast<std::int64_t>(size));
   }
-  // A free block that shares its segment with other blocks appeared (a split's rest, a merge that
-  // leaves a part of a segment), or one went away (handed out, absorbed by a merge, unmapped).
-  void split(bool small, std::size_t size) {
+  // The free blocks that share a plain segment with other blocks changed by `blocks` and `bytes`
+  // (either may be negative): one malloc's or one free's net change, as native counts it, so the
+  // accumulated figures move by the net amount. Growable segments are not counted: their free
+  // pages can always go back to the device (native leaves expandable segments out too).
+  void split_change(bool small, std::int64_t blocks, std::int64_t bytes) {
     const int t = pool(small);
-    inactive_split_.increase(t, 1);
-    inactive_split_bytes_.increase(t, static_cast<std::int64_t>(size));
-  }
-  void absorb(bool small, std::size_t size) {
-    const int t = pool(small);
-    inactive_split_.decrease(t, 1);
-    inactive_split_bytes_.decrease(t, static_cast<std::int64_t>(size));
+    inactive_split_.change(t, blocks);
+    inactive_split_bytes_.change(t, bytes);
   }
   // Memory obtained from the device, or given back to it: `bytes`, in `segments` new or whole
   // segments (0 for pages mapped into, or unmapped from, a growable segment that stays).
@@ -182,6 +179,13 @@ class StatLedger {
     void decrease(int t, std::int64_t amount) {
       current[t] -= amount;
       decreased[t] += amount;
+    }
+    void change(int t, std::int64_t amount) {
+      if (amount > 0) {
+        increase(t, amount);
+      } else if (amount < 0) {
+        decrease(t, -amount);
+      }
     }
     StatArray read() const;
     void reset_peak();

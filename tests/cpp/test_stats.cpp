@@ -4,6 +4,9 @@
 //   s2 = malloc(3000)    small: the free rest is cut into 3072 | 2 MiB - 4096 (free)
 //   l1 = malloc(5 MiB)   large: a 20 MiB segment, split into 5 MiB | 15 MiB (free)
 //   free(s1)             s1 cannot merge (s2 is live): a 1024-byte inactive split block
+//
+// Inactive split blocks move by each operation's net change, as native counts them: cutting a
+// block that is already split only takes bytes from it.
 #include <algorithm>
 #include <random>
 #include <set>
@@ -72,9 +75,9 @@ TEST_CASE("active counts allocated blocks and blocks pending on a stream", "[sta
 
 TEST_CASE("inactive_split counts free blocks that share a segment", "[stats]") {
   const DeviceStats s = known_sequence();
-  // small: +1 (s1's rest), -1 +1 (s2 takes the rest, leaves a new one), +1 (s1 freed)
-  require_stat(s.inactive_split[kAll], 3, 3, 4, 1);
-  require_stat(s.inactive_split[kSmallPool], 2, 2, 3, 1);
+  // small: +1 (s1's rest), 0 (s2 cuts the rest, which stays split), +1 (s1 freed)
+  require_stat(s.inactive_split[kAll], 3, 3, 3, 0);
+  require_stat(s.inactive_split[kSmallPool], 2, 2, 2, 0);
   require_stat(s.inactive_split[kLargePool], 1, 1, 1, 0);
 }
 
@@ -101,10 +104,10 @@ TEST_CASE("active_bytes counts the bytes of active blocks", "[stats]") {
 
 TEST_CASE("inactive_split_bytes counts the bytes of free blocks that share a segment", "[stats]") {
   const DeviceStats s = known_sequence();
-  // small: 2M-1024, then 0, then 2M-4096, then 2M-3072
-  require_stat(s.inactive_split_bytes[kSmallPool], 2 * kMiB - 3072, 2 * kMiB - 1024, 4 * kMiB - 4096, 2 * kMiB - 1024);
+  // small: +(2M-1024), then -3072 (s2's bytes), then +1024 (s1 freed)
+  require_stat(s.inactive_split_bytes[kSmallPool], 2 * kMiB - 3072, 2 * kMiB - 1024, 2 * kMiB, 3072);
   require_stat(s.inactive_split_bytes[kLargePool], 15 * kMiB, 15 * kMiB, 15 * kMiB, 0);
-  require_stat(s.inactive_split_bytes[kAll], 17 * kMiB - 3072, 17 * kMiB - 3072, 19 * kMiB - 4096, 2 * kMiB - 1024);
+  require_stat(s.inactive_split_bytes[kAll], 17 * kMiB - 3072, 17 * kMiB - 3072, 17 * kMiB, 3072);
 }
 
 TEST_CASE("requested_bytes counts the bytes callers asked for before rounding", "[stats]") {
@@ -187,7 +190,7 @@ TEST_CASE("reset_peak_stats sets every peak to its current value", "[stats]") {
   sim.alloc.reset_peak_stats();
   const DeviceStats s = sim.stats();
   require_stat(s.allocated_bytes[kAll], 5 * kMiB + 3072, 5 * kMiB + 3072, 5 * kMiB + 4096, 1024);
-  require_stat(s.inactive_split_bytes[kSmallPool], 2 * kMiB - 3072, 2 * kMiB - 3072, 4 * kMiB - 4096, 2 * kMiB - 1024);
+  require_stat(s.inactive_split_bytes[kSmallPool], 2 * kMiB - 3072, 2 * kMiB - 3072, 2 * kMiB, 3072);
   const std::vector<StatEntry> flat = flatten(s), flat_before = flatten(before);
   for (const StatEntry& e : flat) {
     const auto dot = e.first.rfind('.');
@@ -242,6 +245,52 @@ TEST_CASE("statistics keep counting from zero after reset_accumulated_stats", "[
   require_stat(s.allocated_bytes[kLargePool], 5 * kMiB, 21 * kMiB, 16 * kMiB, 16 * kMiB);
   require_stat(s.segment[kLargePool], 2, 2, 1, 0);
   CHECK(s.num_device_alloc == 1);
+}
+
+// ---- inactive split blocks: each operation's net change --------------------------------------
+
+TEST_CASE("a free that merges a split neighbour moves inactive_split by the net change only", "[stats]") {
+  Sim sim;
+  Block* a = sim.malloc(4 * KiB);
+  Block* b = sim.malloc(4 * KiB);
+  sim.malloc(4 * KiB);  // keeps the segment's rest apart from b
+  sim.free(a);          // a: a new inactive split block
+  sim.alloc.reset_accumulated_stats();
+  sim.free(b);          // b folds into a: one inactive split block, 4 KiB larger
+  const DeviceStats s = sim.stats();
+  require_stat(s.inactive_split[kSmallPool], 2, 2, 0, 0);
+  CHECK(s.inactive_split_bytes[kSmallPool].allocated == 4 * static_cast<I>(KiB));
+  CHECK(s.inactive_split_bytes[kSmallPool].freed == 0);
+}
+
+TEST_CASE("a split block handed out whole is one inactive split block fewer", "[stats]") {
+  Sim sim;
+  Block* a = sim.malloc(4 * KiB);
+  sim.malloc(4 * KiB);
+  sim.free(a);  // a 4 KiB inactive split block
+  sim.alloc.reset_accumulated_stats();
+  REQUIRE(sim.malloc(4 * KiB)->addr == a->addr);
+  const DeviceStats s = sim.stats();
+  CHECK(s.inactive_split[kSmallPool].current == 1);  // the segment's rest
+  CHECK(s.inactive_split[kSmallPool].freed == 1);
+  CHECK(s.inactive_split_bytes[kSmallPool].freed == 4 * static_cast<I>(KiB));
+  CHECK(s.inactive_split_bytes[kSmallPool].allocated == 0);
+}
+
+TEST_CASE("growable segments hold no inactive split blocks, as native's expandable segments", "[stats][growable]") {
+  VmSim sim;
+  Block* a = sim.malloc(5 * MiB);
+  Block* b = sim.malloc(3 * MiB);
+  sim.malloc(1 * MiB);
+  REQUIRE(a->segment->growable);
+  sim.free(a);
+  sim.free(b);
+  const DeviceStats s = sim.stats();
+  for (int t = 0; t < kNumStatTypes; ++t) {
+    INFO(kStatTypeNames[t]);
+    require_stat(s.inactive_split[t], 0, 0, 0, 0);
+    require_stat(s.inactive_split_bytes[t], 0, 0, 0, 0);
+  }
 }
 
 // ---- active while blocks are pending on a stream ----------------------------------------------
