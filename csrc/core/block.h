@@ -44,7 +44,7 @@ struct FreeLink {
 struct Block {
   std::uintptr_t addr = 0;
   std::size_t size = 0;
-  std::size_t requested = 0;       // bytes the caller asked for; 0 while free
+  std::size_t requested = 0;       // bytes the caller asked for; 0 while free (kept while pending)
   StreamId stream = 0;             // the segment's stream, copied here for the free-set order
   Segment* segment = nullptr;
   Block* prev = nullptr;           // neighbours in address order within the segment

@@ -163,8 +163,7 @@ void DeviceAllocator::free(Block* block) {
   if (!block->allocated) throw std::logic_error("gpumem: block freed twice or never allocated");
   const bool small = block->segment->small;
   block->allocated = false;
-  d_.stats.release(small, block->size, block->requested);
-  block->requested = 0;
+  d_.stats.release(small, block->size);
   if (block->stream_uses.empty()) {
     free_block(block);
     debug_check();
@@ -189,6 +188,8 @@ void DeviceAllocator::free_pending(Block* block) {
 void DeviceAllocator::free_block(Block* block) {
   const Segment& segment = *block->segment;  // `block` itself may be folded into its neighbour
   const bool small = segment.small;
+  d_.stats.settle(small, block->requested);
+  block->requested = 0;
   FreeBlocks& blocks = segment.pool->blocks_for(small);
   const Merge merge = merge_free_neighbours(block, blocks, d_.arena);
   if (!segment.growable) {  // the net change: the neighbours folded in, the merged block if split

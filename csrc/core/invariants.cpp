@@ -30,9 +30,9 @@ void count_block(Recount& r, const Block& b, bool small, bool growable) {
   if (b.allocated) {
     increase_stat(r.stats.allocation, small, 1);
     increase_stat(r.stats.allocated_bytes, small, bytes);
-    increase_stat(r.stats.requested_bytes, small, static_cast<std::int64_t>(b.requested));
   }
   if (!b.is_free()) {
+    increase_stat(r.stats.requested_bytes, small, static_cast<std::int64_t>(b.requested));
     increase_stat(r.stats.active, small, 1);
     increase_stat(r.stats.active_bytes, small, bytes);
   } else if (b.is_split() && !growable) {

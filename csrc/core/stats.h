@@ -8,7 +8,7 @@
 //   segment / reserved_bytes             segments obtained from the device
 //   active / active_bytes                allocated blocks plus freed blocks still in use on a stream
 //   inactive_split / inactive_split_bytes free blocks that share a segment with other blocks
-//   requested_bytes                      bytes the callers asked for, before rounding
+//   requested_bytes                      bytes the callers asked for, before rounding, of active blocks
 // num_ooms counts every out-of-memory failure; num_ooms_over_limit, _device_full and _fragmentation
 // split it by the error's case (OomKind), so they add up to it.
 #pragma once
@@ -84,8 +84,8 @@ inline void increase_stat(StatArray& stat, bool small_pool, std::int64_t amount)
 // The statistics as a device allocator keeps them: changed only through the named events below,
 // each of which moves every figure it concerns at once, and read as a DeviceStats (snapshot()).
 //
-// Kept compact for the cached path, where a malloc+free pair is a hand_out, a release and at most
-// two split_change events. Per figure the ledger keeps each pool's current value, peak and accumulated
+// Kept compact for the cached path, where a malloc+free pair is a hand_out, a release, a settle
+// and at most two split_change events. Per figure the ledger keeps each pool's current value, peak and accumulated
 // decreases, and the whole's peak; everything else is derived where it is read:
 //   - the whole's current and accumulated figures are the sums of the pools' (what native keeps);
 //   - accumulated increases = current - current at the last reset_accumulated() + decreases, so an
@@ -108,11 +108,15 @@ class StatLedger {
     if (pending_.current[0] != 0 || pending_.current[1] != 0) note_active_peak(t);
   }
   // The caller freed it: no longer allocated. Unless pend() follows, it is no longer active either.
-  void release(bool small, std::size_t size, std::size_t requested) {
+  void release(bool small, std::size_t size) {
     const int t = pool(small);
     allocation_.decrease(t, 1);
     allocated_bytes_.decrease(t, static_cast<std::int64_t>(size));
-    requested_bytes_.decrease(t, static_cast<std::int64_t>(requested));
+  }
+  // The freed block is free again (at once, or when no stream uses it any more): its request no
+  // longer counts. Native keeps a pending block's request until then too.
+  void settle(bool small, std::size_t requested) {
+    requested_bytes_.decrease(pool(small), static_cast<std::int64_t>(requested));
   }
   // The freed block is still used by a stream: it stays active until retire(). Active does not
   // change (it leaves allocation as it enters pending), so no peak moves.

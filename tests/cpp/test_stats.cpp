@@ -345,6 +345,19 @@ TEST_CASE("reset_peak_stats counts pending blocks in active's peak", "[stats][st
   CHECK(s.allocation[kAll].peak == 0);
 }
 
+TEST_CASE("a block pending on a stream keeps its request in requested_bytes until it retires", "[stats][streams]") {
+  Sim sim;
+  Block* a = sim.malloc(4000);
+  sim.alloc.record_stream(a, kStream1);
+  sim.free(a);
+  CHECK(sim.stats().requested_bytes[kAll].current == 4000);
+  CHECK(sim.snapshot()[0].blocks[0].requested == 4000);
+  sim.backend.complete_events();
+  sim.malloc(512);  // retires a
+  const DeviceStats s = sim.stats();
+  require_stat(s.requested_bytes[kAll], 512, 4000, 4512, 4000);
+}
+
 TEST_CASE("a block pending across reset_accumulated_stats counts as freed once when it retires", "[stats][streams]") {
   Sim sim;
   Block* a = sim.malloc(4 * KiB);
