@@ -33,11 +33,15 @@ struct Segment;
 struct Pool;
 
 struct Block;
+struct FreeBins;
 
-// A free block's links in the tree of its size class (see FreeBlocks), valid while it is free.
+// A free block's place in the free set (see FreeBlocks), valid while it is in one: the bins and
+// size class it is filed under, and its links in that class's tree.
 struct FreeLink {
   Block* parent = nullptr;
   Block* child[2] = {nullptr, nullptr};  // lower, higher (size, address)
+  FreeBins* bins = nullptr;
+  unsigned cls = 0;
   bool red = false;
 };
 

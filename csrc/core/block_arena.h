@@ -10,21 +10,30 @@ namespace gpumem {
 
 // Recycles Block objects: splits and merges happen on every cached allocation, and going to the
 // heap for each would cost more than the rest of the path.
+//
+// Spare blocks are in the free state: not allocated, nothing requested, no pending events, no
+// stream uses (a free block always is; its vector keeps its capacity for the next user). They are
+// linked through `next`. Everything else about a block (address, size, stream, segment, neighbours,
+// mapped) is set by whoever makes it.
 class BlockArena {
  public:
   Block* make() {
-    if (spare_.empty()) grow();
-    Block* block = spare_.back();
-    spare_.pop_back();
+    if (!spare_) grow();
+    Block* block = spare_;
+    spare_ = block->next;
     return block;
   }
-  void recycle(Block* block);
+  // `block` must be in the free state.
+  void recycle(Block* block) {
+    block->next = spare_;
+    spare_ = block;
+  }
 
  private:
   void grow();
 
   std::vector<std::unique_ptr<Block[]>> chunks_;
-  std::vector<Block*> spare_;
+  Block* spare_ = nullptr;
 };
 
 }  // namespace gpumem

@@ -351,10 +351,4 @@ void DeviceAllocator::check_invariants() const {
   check_invariants_locked();
 }
 
-void DeviceAllocator::debug_check() const {
-#if GPUMEM_CHECK_INVARIANTS
-  check_invariants_locked();
-#endif
-}
-
 }  // namespace gpumem

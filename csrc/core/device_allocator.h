@@ -234,7 +234,12 @@ class DeviceAllocator {
   void release_free_pools();
   std::size_t largest_free_block_locked() const;
   void check_invariants_locked() const;
-  void debug_check() const;
+  // After every operation in builds with the checker compiled in (GPUMEM_CHECK_INVARIANTS).
+  void debug_check() const {
+#if GPUMEM_CHECK_INVARIANTS
+    check_invariants_locked();
+#endif
+  }
 
   DeviceState d_;
   PlainSegments plain_;

@@ -23,6 +23,8 @@ Segment* DeviceState::add_segment(Pool& pool, bool small, StreamId stream, std::
   head->size = size;
   head->stream = stream;
   head->segment = segment.get();
+  head->prev = head->next = nullptr;
+  head->mapped = true;
   segment->head = head;
   ++pool.segments;
   return segments.emplace(addr, std::move(segment)).first->second.get();

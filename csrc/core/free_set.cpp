@@ -80,7 +80,10 @@ void tree_insert(Block*& root, Block* node) {
     parent = cur;
     d = before(cur, node) ? 1 : 0;
   }
-  node->where = FreeLink{parent, {nullptr, nullptr}, parent != nullptr};  // a new root is black
+  FreeLink& l = link(node);  // its bins and class are the caller's
+  l.parent = parent;
+  l.child[0] = l.child[1] = nullptr;
+  l.red = parent != nullptr;  // a new root is black
   if (!parent) {
     root = node;
     return;
@@ -233,20 +236,24 @@ void FreeBlocks::insert(Block* block) {
     bins.summary |= std::uint64_t{1} << (cls / 64);
   }
   tree_insert(bins.roots[cls], block);
-  ++count_;
+  block->where.bins = &bins;
+  block->where.cls = cls;
 }
 
 inline void FreeBlocks::unlink(StreamBins& bins, unsigned cls, Block* block) {
   tree_erase(bins.roots[cls], block);
-  --count_;
   if (bins.roots[cls]) return;
   std::uint64_t& word = bins.words[cls / 64];
   word &= ~(std::uint64_t{1} << (cls % 64));
   if (!word) bins.summary &= ~(std::uint64_t{1} << (cls / 64));
 }
 
-void FreeBlocks::erase(Block* block) {
-  unlink(*find(block->stream), class_of(block->size), block);
+void FreeBlocks::erase(Block* block) { unlink(*block->where.bins, block->where.cls, block); }
+
+std::size_t FreeBlocks::size() const {
+  std::size_t count = 0;
+  for_each([&](const Block*) { ++count; });
+  return count;
 }
 
 Block* FreeBlocks::take_best_fit(StreamId stream, std::size_t size) {
@@ -293,15 +300,17 @@ namespace {
 // Checks the subtree under `b` (inside [lo, hi] in (size, address) order) and returns its black
 // height and block count.
 std::pair<int, std::size_t> check_tree(const Block* b, const Block* parent, const Block* lo, const Block* hi,
-                                       StreamId stream, unsigned cls) {
+                                       const FreeBins& bins, unsigned cls) {
   if (!b) return {1, 0};
   const FreeLink& l = b->where;
+  const StreamId stream = bins.stream;
   if (l.parent != parent) broken_free_set("a parent link disagrees");
+  if (l.bins != &bins || l.cls != cls) broken_free_set("a block's link names other bins or another class");
   if ((lo && before(b, lo)) || (hi && before(hi, b))) broken_free_set("a tree is out of (size, address) order");
   if (b->stream != stream || FreeBlocks::class_of(b->size) != cls) broken_free_set("a block is in the wrong bin");
   if (l.red && (is_red(l.child[0]) || is_red(l.child[1]))) broken_free_set("a red block has a red child");
-  const auto [left_height, left_count] = check_tree(l.child[0], b, lo, b, stream, cls);
-  const auto [right_height, right_count] = check_tree(l.child[1], b, b, hi, stream, cls);
+  const auto [left_height, left_count] = check_tree(l.child[0], b, lo, b, bins, cls);
+  const auto [right_height, right_count] = check_tree(l.child[1], b, b, hi, bins, cls);
   if (left_height != right_height) broken_free_set("black heights differ");
   return {left_height + (l.red ? 0 : 1), left_count + right_count + 1};
 }
@@ -309,7 +318,6 @@ std::pair<int, std::size_t> check_tree(const Block* b, const Block* parent, cons
 }  // namespace
 
 void FreeBlocks::check() const {
-  std::size_t count = 0;
   for (std::size_t i = 0; i < streams_.size(); ++i) {
     const StreamBins& bins = *streams_[i];
     if (i > 0 && streams_[i - 1]->stream >= bins.stream) broken_free_set("streams are out of order");
@@ -320,10 +328,9 @@ void FreeBlocks::check() const {
       const Block* root = bins.roots[cls];
       if (((bins.words[cls / 64] >> (cls % 64)) & 1) != (root != nullptr)) broken_free_set("a class bit is wrong");
       if (is_red(root)) broken_free_set("a root is red");
-      count += check_tree(root, nullptr, nullptr, nullptr, bins.stream, cls).second;
+      check_tree(root, nullptr, nullptr, nullptr, bins, cls);
     }
   }
-  if (count != count_) broken_free_set("size() differs from the blocks in the trees");
 }
 
 }  // namespace gpumem

@@ -33,9 +33,11 @@ namespace gpumem {
 // zero to two blocks, so most operations are a root assignment and a bit flip. The price is memory:
 // a stream's bins hold a root per class, about 22 KB, for each pool and size class it is used in.
 //
-// Invariants (check() asserts them): a block is in the tree of class_of(size) of its stream's bins;
-// each tree is a red-black tree in (size, address) order; a class's bit is set iff its tree is not
-// empty, and a summary bit iff its word is not zero; size() counts the blocks in all trees.
+// A block in the set remembers its bins and class (Block::where), so erasing it looks nothing up.
+//
+// Invariants (check() asserts them): a block is in the tree of class_of(size) of its stream's bins,
+// and its link names those bins and that class; each tree is a red-black tree in (size, address)
+// order; a class's bit is set iff its tree is not empty, and a summary bit iff its word is not zero.
 class FreeBlocks {
  public:
   FreeBlocks() = default;
@@ -49,7 +51,7 @@ class FreeBlocks {
   Block* take_best_fit(StreamId stream, std::size_t size);
 
   bool contains(const Block* block) const;
-  std::size_t size() const { return count_; }
+  std::size_t size() const;  // counts the blocks: for the invariant checker
   // Throws std::logic_error unless the invariants below hold: for tests and the invariant checker.
   void check() const;
   template <typename F>
@@ -77,7 +79,7 @@ class FreeBlocks {
   }
 
  private:
-  struct StreamBins;
+  using StreamBins = FreeBins;
   static constexpr unsigned kWords = kClasses / 64;
   static constexpr unsigned kNone = kClasses;  // next_class: no non-empty class
   static_assert(kSmallSize == std::size_t{1} << 20, "class_of counts powers of two from 2^20");
@@ -89,21 +91,20 @@ class FreeBlocks {
   StreamBins& find_or_add(StreamId stream);
   StreamBins& add(StreamId stream);
   static unsigned next_class(const StreamBins& bins, unsigned from);  // first non-empty >= from, or kNone
-  void unlink(StreamBins& bins, unsigned cls, Block* block);
+  static void unlink(StreamBins& bins, unsigned cls, Block* block);
   static const Block* first(const StreamBins& bins);
   static const Block* next(const StreamBins& bins, const Block* block);
 
   std::vector<std::unique_ptr<StreamBins>> streams_;  // sorted by stream
   mutable StreamBins* last_ = nullptr;                // the last stream looked up
-  std::size_t count_ = 0;
 };
 
-// The free blocks of one stream.
-struct FreeBlocks::StreamBins {
+// The free blocks of one stream (FreeBlocks::StreamBins).
+struct FreeBins {
   StreamId stream = 0;
-  std::uint64_t summary = 0;         // bit w: words[w] != 0
-  std::uint64_t words[kWords] = {};  // bit c: roots[c] != nullptr
-  Block* roots[kClasses] = {};       // the tree of each class
+  std::uint64_t summary = 0;                           // bit w: words[w] != 0
+  std::uint64_t words[FreeBlocks::kClasses / 64] = {};  // bit c: roots[c] != nullptr
+  Block* roots[FreeBlocks::kClasses] = {};              // the tree of each class
 };
 
 }  // namespace gpumem
