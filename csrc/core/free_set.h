@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/block.h"
+#include "core/free_tree.h"
 
 namespace gpumem {
 
@@ -89,7 +90,7 @@ class FreeBlocks {
   StreamBins* find_slow(StreamId stream) const;
   static bool stream_below(const std::unique_ptr<StreamBins>& bins, StreamId stream);
   StreamBins& find_or_add(StreamId stream);
-  StreamBins& add(StreamId stream);
+  StreamBins& add(StreamId stream);  // out of line: a new stream is rare
   static unsigned next_class(const StreamBins& bins, unsigned from);  // first non-empty >= from, or kNone
   static void unlink(StreamBins& bins, unsigned cls, Block* block);
   static const Block* first(const StreamBins& bins);
@@ -106,5 +107,65 @@ struct FreeBins {
   std::uint64_t words[FreeBlocks::kClasses / 64] = {};  // bit c: roots[c] != nullptr
   Block* roots[FreeBlocks::kClasses] = {};              // the tree of each class
 };
+
+
+// ---- inline: the cached path ----
+
+inline FreeBlocks::StreamBins* FreeBlocks::find(StreamId stream) const {
+  if (last_ && last_->stream == stream) return last_;
+  return find_slow(stream);
+}
+
+inline FreeBlocks::StreamBins& FreeBlocks::find_or_add(StreamId stream) {
+  StreamBins* bins = find(stream);
+  return bins ? *bins : add(stream);
+}
+
+inline unsigned FreeBlocks::next_class(const StreamBins& bins, unsigned from) {
+  if (from >= kClasses) return kNone;
+  unsigned w = from / 64;
+  const std::uint64_t here = bins.words[w] & (~std::uint64_t{0} << (from % 64));
+  if (here) return w * 64 + static_cast<unsigned>(__builtin_ctzll(here));
+  const std::uint64_t later = bins.summary & (~std::uint64_t{0} << (w + 1));  // w + 1 <= kWords < 64
+  if (!later) return kNone;
+  w = static_cast<unsigned>(__builtin_ctzll(later));
+  return w * 64 + static_cast<unsigned>(__builtin_ctzll(bins.words[w]));
+}
+
+inline void FreeBlocks::insert(Block* block) {
+  StreamBins& bins = find_or_add(block->stream);
+  const unsigned cls = class_of(block->size);
+  if (!bins.roots[cls]) {
+    bins.words[cls / 64] |= std::uint64_t{1} << (cls % 64);
+    bins.summary |= std::uint64_t{1} << (cls / 64);
+  }
+  free_tree::insert(bins.roots[cls], block);
+  block->where.bins = &bins;
+  block->where.cls = cls;
+}
+
+inline void FreeBlocks::unlink(StreamBins& bins, unsigned cls, Block* block) {
+  free_tree::erase(bins.roots[cls], block);
+  if (bins.roots[cls]) return;
+  std::uint64_t& word = bins.words[cls / 64];
+  word &= ~(std::uint64_t{1} << (cls % 64));
+  if (!word) bins.summary &= ~(std::uint64_t{1} << (cls / 64));
+}
+
+inline void FreeBlocks::erase(Block* block) { unlink(*block->where.bins, block->where.cls, block); }
+
+inline Block* FreeBlocks::take_best_fit(StreamId stream, std::size_t size) {
+  StreamBins* bins = find(stream);
+  if (!bins) return nullptr;
+  unsigned cls = class_of(size);
+  Block* block = free_tree::lower_bound(bins->roots[cls], size);
+  if (!block) {
+    cls = next_class(*bins, cls + 1);
+    if (cls == kNone) return nullptr;
+    block = free_tree::extreme(bins->roots[cls], 0);
+  }
+  unlink(*bins, cls, block);
+  return block;
+}
 
 }  // namespace gpumem
