@@ -1,6 +1,7 @@
 // Split and merge: cutting a block in two inside its segment, and folding a freed block into its
 // free neighbours. They keep the segment's block list and the free set consistent; statistics are
-// the caller's (DeviceAllocator), told once per path through the StatLedger's events.
+// the caller's (DeviceAllocator), told once per path through the StatLedger's events. Both run on
+// every cached allocation or free, so they are inline.
 #pragma once
 
 #include <cstddef>
@@ -10,17 +11,60 @@
 
 namespace gpumem {
 
-// Cuts `block` (not in any set) after `size` bytes; `block` keeps the front, the returned block
-// is the rest, linked after it in the segment.
-Block* split_block(Block* block, std::size_t size, BlockArena& arena);
-
-// Merges `block` (free, not in any set) with its free neighbours of the same state (mapped or not),
-// taking them out of `blocks`, the set of that state.
+// What merge_free_neighbours did.
 struct Merge {
   Block* block;                // the merged block: the lowest of those merged
   int absorbed_count;          // neighbours folded in (each, if mapped, was an inactive split block)
   std::size_t absorbed_bytes;  // their sizes together
 };
-Merge merge_free_neighbours(Block* block, FreeBlocks& blocks, BlockArena& arena);
+
+// Cuts `block` (not in any set) after `size` bytes; `block` keeps the front, the returned block
+// is the rest, linked after it in the segment.
+inline Block* split_block(Block* block, std::size_t size, BlockArena& arena) {
+  Block* rest = arena.make();
+  rest->addr = block->addr + size;
+  rest->size = block->size - size;
+  rest->stream = block->stream;
+  rest->segment = block->segment;
+  rest->mapped = block->mapped;
+  rest->prev = block;
+  rest->next = block->next;
+  if (rest->next) rest->next->prev = rest;
+  block->next = rest;
+  block->size = size;
+  return rest;
+}
+
+namespace split_merge_detail {
+
+// Folds `later` (the block right after `earlier`) into `earlier`.
+inline void absorb(Block* earlier, Block* later, BlockArena& arena) {
+  earlier->size += later->size;
+  earlier->next = later->next;
+  if (earlier->next) earlier->next->prev = earlier;
+  arena.recycle(later);
+}
+
+}  // namespace split_merge_detail
+
+// Merges `block` (free, not in any set) with its free neighbours of the same state (mapped or not),
+// taking them out of `blocks`, the set of that state.
+inline Merge merge_free_neighbours(Block* block, FreeBlocks& blocks, BlockArena& arena) {
+  Merge merge{block, 0, 0};
+  if (Block* next = block->next; next && next->is_free() && next->mapped == block->mapped) {
+    ++merge.absorbed_count;
+    merge.absorbed_bytes += next->size;
+    blocks.erase(next);
+    split_merge_detail::absorb(block, next, arena);
+  }
+  if (Block* prev = block->prev; prev && prev->is_free() && prev->mapped == block->mapped) {
+    ++merge.absorbed_count;
+    merge.absorbed_bytes += prev->size;
+    blocks.erase(prev);
+    split_merge_detail::absorb(prev, block, arena);
+    merge.block = prev;
+  }
+  return merge;
+}
 
 }  // namespace gpumem
