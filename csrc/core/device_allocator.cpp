@@ -51,7 +51,7 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
   // While a graph may be capturing, event queries are illegal; blocks wait until it ends, or
   // until the capture graph shows they may be reused (core/capture_reuse.cpp).
   if (!d_.capturing()) {
-    process_events();
+    if (!pending_.empty()) process_events();
   } else if (capture_reuse_ && !deferred_.empty()) {
     reuse_deferred(stream);
   }
@@ -96,11 +96,6 @@ Pool& DeviceAllocator::targeted_pool_locked(StreamId stream) {
   return d_.default_pool;
 }
 
-// A cached free block of `pool` for the request (its class, stream and size), or nullptr.
-Block* DeviceAllocator::try_cached(Pool& pool, const Request& r) {
-  return pool.blocks_for(r.small).take_best_fit(r.stream, r.size);
-}
-
 // Hands out the front of `block`, returning the rest to the pool when it is worth keeping and the
 // pool splits blocks. The pool's no_split is read only when a split is due, so the common path of
 // an exact or near fit reads nothing more than before.
@@ -108,7 +103,8 @@ Block* DeviceAllocator::try_cached(Pool& pool, const Request& r) {
 // Inactive split blocks change as native counts them: a split block that is cut gives the caller
 // `size` bytes (it stays one inactive split block); an unsplit one that is cut leaves a new one,
 // its rest; a split block handed out whole is one fewer.
-Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t requested) {
+// Inline in malloc: it runs on every allocation.
+[[gnu::always_inline]] inline Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t requested) {
   const Segment& segment = *block->segment;
   const bool small = segment.small;
   const bool was_split = block->is_split();
@@ -185,7 +181,7 @@ void DeviceAllocator::free_pending(Block* block) {
 }
 
 // The caller freed `block` and no stream uses it: back into its pool's free set, merged.
-void DeviceAllocator::free_block(Block* block) {
+[[gnu::always_inline]] inline void DeviceAllocator::free_block(Block* block) {
   const Segment& segment = *block->segment;  // `block` itself may be folded into its neighbour
   const bool small = segment.small;
   d_.stats.settle(small, block->requested);

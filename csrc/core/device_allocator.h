@@ -201,7 +201,8 @@ class DeviceAllocator {
   // The pool a request on `stream` goes to: the default pool unless a pool target takes the stream.
   Pool& pool_for_locked(StreamId stream) { return d_.capturing() ? targeted_pool_locked(stream) : d_.default_pool; }
   Pool& targeted_pool_locked(StreamId stream);
-  Block* try_cached(Pool& pool, const Request& r);
+  // A cached free block of `pool` for the request (its class, stream and size), or nullptr.
+  static Block* try_cached(Pool& pool, const Request& r) { return pool.blocks_for(r.small).take_best_fit(r.stream, r.size); }
   void measure_outside_locked();
   // The source of a pool's new memory, and the one a segment came from.
   MemorySource& memory_for(const Pool& pool) { return growable_.serves(pool) ? static_cast<MemorySource&>(growable_) : plain_; }
