@@ -175,10 +175,12 @@ class StatLedger {
 
     std::int64_t whole() const { return current[0] + current[1]; }
     std::int64_t increased(int t) const { return current[t] - base[t] + decreased[t]; }
+    // The peaks are written only when passed: in a steady state, never (a compare and a branch).
     void increase(int t, std::int64_t amount) {
-      current[t] += amount;
-      peak[t] = current[t] > peak[t] ? current[t] : peak[t];
-      whole_peak = whole() > whole_peak ? whole() : whole_peak;
+      const std::int64_t now = current[t] += amount;
+      if (now > peak[t]) peak[t] = now;
+      const std::int64_t all = now + current[1 - t];
+      if (all > whole_peak) whole_peak = all;
     }
     void decrease(int t, std::int64_t amount) {
       current[t] -= amount;
