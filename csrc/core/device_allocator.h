@@ -208,11 +208,12 @@ class DeviceAllocator {
   MemorySource& memory_for(const Pool& pool) { return growable_.serves(pool) ? static_cast<MemorySource&>(growable_) : plain_; }
   MemorySource& memory_of(const Segment& segment) { return segment.growable ? static_cast<MemorySource&>(growable_) : plain_; }
   Block* try_use_on_oom_pools(const Request& r);
-  Block* place(Block* block, std::size_t size, std::size_t requested);
+  // place and free_block run on every cached malloc and free: inline, in device_allocator.cpp only.
+  inline Block* place(Block* block, std::size_t size, std::size_t requested);
   // `device_refused`: the device, not the cap, refused new memory for the request.
   [[noreturn]] void throw_oom(std::size_t requested, std::size_t size, bool device_refused = false);
 
-  void free_block(Block* block);
+  inline void free_block(Block* block);
   void free_pending(Block* block);  // a freed block no stream uses any more
   void defer(Block* block);
   void reuse_deferred(StreamId stream);

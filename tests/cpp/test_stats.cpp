@@ -358,6 +358,29 @@ TEST_CASE("a block pending on a stream keeps its request in requested_bytes unti
   require_stat(s.requested_bytes[kAll], 512, 4000, 4512, 4000);
 }
 
+TEST_CASE("a block freed on another stream while a graph captures stays active and requested until it retires", "[stats][streams][pools]") {
+  Sim sim;
+  const PoolId pool{1, 1};
+  sim.alloc.create_pool(pool);
+  sim.alloc.begin_allocate_to_pool(pool, [](StreamId s) { return s == kStream1; });
+  Block* a = sim.malloc(4000, kStream1);
+  sim.alloc.record_stream(a, kStream2);
+  sim.free(a);                      // held while the capture lasts
+  sim.malloc(8 * KiB, kStream1);    // active: a and this block
+  DeviceStats s = sim.stats();
+  require_stat(s.active[kAll], 2, 2, 2, 0);
+  CHECK(s.allocation[kAll].peak == 1);
+  CHECK(s.requested_bytes[kAll].current == 4000 + 8 * static_cast<I>(KiB));
+
+  sim.alloc.end_allocate_to_pool(pool);  // the held block now waits on an event
+  sim.backend.complete_events();
+  sim.malloc(512);                       // retires a
+  s = sim.stats();
+  require_stat(s.active[kAll], 2, 2, 3, 1);
+  require_stat(s.requested_bytes[kAll], 8 * static_cast<I>(KiB) + 512, 4000 + 8 * static_cast<I>(KiB),
+               4000 + 8 * static_cast<I>(KiB) + 512, 4000);
+}
+
 TEST_CASE("a block pending across reset_accumulated_stats counts as freed once when it retires", "[stats][streams]") {
   Sim sim;
   Block* a = sim.malloc(4 * KiB);
@@ -372,21 +395,39 @@ TEST_CASE("a block pending across reset_accumulated_stats counts as freed once w
   require_stat(s.allocation[kAll], 1, 1, 1, 0);
 }
 
-TEST_CASE("active's peak is the largest active seen after any operation, with streams, resets and retries", "[stats][streams]") {
+TEST_CASE("active's peak and accumulated figures follow every operation, with streams and resets", "[stats][streams]") {
   Sim sim;
   std::mt19937_64 rng(7);
   std::vector<Block*> live;
   I peak[kNumStatTypes] = {0, 0, 0};
   I peak_bytes[kNumStatTypes] = {0, 0, 0};
   I base[kNumStatTypes] = {0, 0, 0};  // active's current at the last reset_accumulated_stats
+  // Counted here, not read from the ledger: blocks handed out, and blocks that stopped being
+  // active (freed with no stream using them, or retired after pending), since the last reset.
+  I handed_out = 0, left_active = 0;
+  const auto pending_now = [&] {
+    I n = 0;
+    for (const SegmentInfo& seg : sim.snapshot()) {
+      for (const BlockInfo& b : seg.blocks) n += b.state == BlockInfo::kPendingFree ? 1 : 0;
+    }
+    return n;
+  };
   for (int op = 0; op < 4000; ++op) {
     const auto pick = rng() % 100;
+    const I pending_before = pending_now();
+    I pended = 0;
     if (pick < 45 || live.empty()) {
       const std::size_t size = std::size_t{512} << (rng() % 14);  // 512 B .. 4 MiB
       live.push_back(sim.malloc(size, static_cast<StreamId>(rng() % 2)));
+      ++handed_out;
     } else if (pick < 85) {
       const std::size_t i = rng() % live.size();
-      if (rng() % 3 == 0) sim.alloc.record_stream(live[i], kStream2);
+      if (rng() % 3 == 0) {
+        sim.alloc.record_stream(live[i], kStream2);  // another stream than the block's
+        pended = 1;
+      } else {
+        ++left_active;
+      }
       sim.free(live[i]);
       live[i] = live.back();
       live.pop_back();
@@ -403,8 +444,12 @@ TEST_CASE("active's peak is the largest active seen after any operation, with st
       sim.alloc.reset_accumulated_stats();
       const DeviceStats s = sim.stats();
       for (int t = 0; t < kNumStatTypes; ++t) base[t] = s.active[t].current;
+      handed_out = left_active = 0;
     }
+    left_active += pending_before + pended - pending_now();  // the blocks retired by this operation
     const DeviceStats s = sim.stats();
+    REQUIRE(s.active[kAll].allocated == handed_out);
+    REQUIRE(s.active[kAll].freed == left_active);
     for (int t = 0; t < kNumStatTypes; ++t) {
       INFO("operation " << op << ", " << kStatTypeNames[t]);
       peak[t] = std::max(peak[t], s.active[t].current);
