@@ -48,6 +48,13 @@ std::int64_t lookup(const std::vector<StatEntry>& flat, const std::string& key) 
   return 0;
 }
 
+// Allocates `size` bytes on stream 0 and frees them while stream 1 still uses them: a pending block.
+void free_while_in_use(Sim& sim, std::size_t size) {
+  Block* block = sim.malloc(size);
+  sim.alloc.record_stream(block, kStream1);
+  sim.free(block);
+}
+
 }  // namespace
 
 // ---- the arrays after the known sequence ------------------------------------------------------
@@ -297,9 +304,7 @@ TEST_CASE("growable segments hold no inactive split blocks, as native's expandab
 
 TEST_CASE("active's peak counts a block pending on a stream while allocation's does not", "[stats][streams]") {
   Sim sim;
-  Block* a = sim.malloc(4 * KiB);
-  sim.alloc.record_stream(a, kStream1);
-  sim.free(a);                         // pending: active 1, allocation 0
+  free_while_in_use(sim, 4 * KiB);     // pending: active 1, allocation 0
   Block* b = sim.malloc(8 * KiB);      // active 2, allocation 1
   DeviceStats s = sim.stats();
   require_stat(s.allocation[kSmallPool], 1, 1, 2, 1);
@@ -319,9 +324,7 @@ TEST_CASE("active's peak counts a block pending on a stream while allocation's d
 
 TEST_CASE("active's peak in one pool rises with a block pending in the other", "[stats][streams]") {
   Sim sim;
-  Block* large = sim.malloc(2 * MiB);
-  sim.alloc.record_stream(large, kStream1);
-  sim.free(large);              // pending in the large pool
+  free_while_in_use(sim, 2 * MiB);  // pending in the large pool
   sim.malloc(4 * KiB);          // active: small 1, large 1, all 2
   const DeviceStats s = sim.stats();
   CHECK(s.active[kAll].peak == 2);
@@ -347,9 +350,7 @@ TEST_CASE("reset_peak_stats counts pending blocks in active's peak", "[stats][st
 
 TEST_CASE("a block pending on a stream keeps its request in requested_bytes until it retires", "[stats][streams]") {
   Sim sim;
-  Block* a = sim.malloc(4000);
-  sim.alloc.record_stream(a, kStream1);
-  sim.free(a);
+  free_while_in_use(sim, 4000);
   CHECK(sim.stats().requested_bytes[kAll].current == 4000);
   CHECK(sim.snapshot()[0].blocks[0].requested == 4000);
   sim.backend.complete_events();
@@ -383,9 +384,7 @@ TEST_CASE("a block freed on another stream while a graph captures stays active a
 
 TEST_CASE("a block pending across reset_accumulated_stats counts as freed once when it retires", "[stats][streams]") {
   Sim sim;
-  Block* a = sim.malloc(4 * KiB);
-  sim.alloc.record_stream(a, kStream1);
-  sim.free(a);
+  free_while_in_use(sim, 4 * KiB);
   sim.alloc.reset_accumulated_stats();
   sim.backend.complete_events();
   sim.malloc(512);  // retires a, hands out 512 bytes
