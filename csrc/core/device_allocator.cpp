@@ -111,12 +111,13 @@ Pool& DeviceAllocator::targeted_pool_locked(StreamId stream) {
   if (should_split(block->size, size) && !segment.pool->no_split) {
     Block* rest = split_block(block, size, d_.arena);
     segment.pool->blocks_for(small).insert(rest);
-    if (!segment.growable) {
-      d_.stats.split_change(small, was_split ? 0 : 1,
-                            was_split ? -static_cast<std::int64_t>(size) : static_cast<std::int64_t>(rest->size));
+    if (was_split) {
+      count_split(segment, 0, -static_cast<std::int64_t>(size));
+    } else {
+      count_split(segment, 1, static_cast<std::int64_t>(rest->size));
     }
-  } else if (was_split && !segment.growable) {
-    d_.stats.split_change(small, -1, -static_cast<std::int64_t>(block->size));
+  } else if (was_split) {
+    count_split(segment, -1, -static_cast<std::int64_t>(block->size));
   }
   block->allocated = true;
   block->requested = requested;
@@ -188,12 +189,9 @@ void DeviceAllocator::free_pending(Block* block) {
   block->requested = 0;
   FreeBlocks& blocks = segment.pool->blocks_for(small);
   const Merge merge = merge_free_neighbours(block, blocks, d_.arena);
-  if (!segment.growable) {  // the net change: the neighbours folded in, the merged block if split
-    const bool split = merge.block->is_split();
-    d_.stats.split_change(small, (split ? 1 : 0) - merge.absorbed_count,
-                          static_cast<std::int64_t>(split ? merge.block->size : 0) -
-                              static_cast<std::int64_t>(merge.absorbed_bytes));
-  }
+  const bool split = merge.block->is_split();  // the net change: the merged block if split, less the neighbours
+  count_split(segment, (split ? 1 : 0) - merge.absorbed_count,
+              static_cast<std::int64_t>(split ? merge.block->size : 0) - static_cast<std::int64_t>(merge.absorbed_bytes));
   blocks.insert(merge.block);
   // Usually neither holds, and the free ends here.
   const bool over_limit = d_.cap.reserved() > d_.cap.budget() && !d_.capturing();

@@ -214,6 +214,10 @@ class DeviceAllocator {
   [[noreturn]] void throw_oom(std::size_t requested, std::size_t size, bool device_refused = false);
 
   inline void free_block(Block* block);
+  // Inactive split blocks changed in `segment`; counted in plain segments only (StatLedger::split_change).
+  void count_split(const Segment& segment, std::int64_t blocks, std::int64_t bytes) {
+    if (!segment.growable) d_.stats.split_change(segment.small, blocks, bytes);
+  }
   void free_pending(Block* block);  // a freed block no stream uses any more
   void defer(Block* block);
   void reuse_deferred(StreamId stream);
