@@ -264,7 +264,10 @@ MemInfo CudaBackend::mem_info(int device) {
   return info;
 }
 
+// The event calls index the per-device tables, so they count the devices first (check_device) like
+// every other call: a backend asked for an event before anything else must not read past them.
 EventId CudaBackend::record_event(int device, StreamId stream) {
+  check_device(device);
   DeviceScope scope(device);
   cudaEvent_t event = nullptr;
   {
@@ -292,6 +295,7 @@ bool CudaBackend::event_done(int device, EventId event) {
 }
 
 void CudaBackend::destroy_event(int device, EventId event) {
+  check_device(device);
   std::lock_guard<std::mutex> lock(mutex_);
   spare_events_[device].push_back(event);
 }

@@ -75,7 +75,7 @@ TEMPLATE_LIST_TEST_CASE("a request larger than the device is refused with nullpt
   b.release(0, p, 2 * kMiB);
 }
 
-TEMPLATE_LIST_TEST_CASE("an event recorded on a stream is done once the stream's work is waited for",
+TEMPLATE_LIST_TEST_CASE("an event recorded on a stream is done once the stream's work is waited for; a device it lacks is refused",
                         "[conformance]", ConformanceBackends) {
   using namespace gpumem_conformance;
   TestType f;
@@ -89,6 +89,8 @@ TEMPLATE_LIST_TEST_CASE("an event recorded on a stream is done once the stream's
   b.synchronize(0);
   REQUIRE(b.event_done(0, second));
   b.destroy_event(0, second);
+  // A device the backend does not have: an error, never a read past its tables.
+  REQUIRE_THROWS(b.record_event(b.device_count(), 0));
 }
 
 TEMPLATE_LIST_TEST_CASE("process_used, where a backend has it, counts the memory it handed out, and never throws",
