@@ -14,7 +14,7 @@
 namespace gpumem {
 
 void DeviceAllocator::set_capture_reuse(bool on) {
-  std::lock_guard<Lock> lock(mutex_);
+  std::lock_guard<DeviceLock> lock(mutex_);
   capture_reuse_ = on;
 }
 

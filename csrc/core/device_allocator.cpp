@@ -21,6 +21,7 @@ DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorCo
       plain_(d_),
       growable_(d_, plain_, config.growable),
       release_threshold_(0.0) {
+  mutex_.attach(&d_.stats);
   d_.device_total = d_.backend.total_memory(device);
   check_release_threshold(config.release_threshold);
   if (config.limit && *config.limit > d_.device_total) {
@@ -46,8 +47,45 @@ DeviceAllocator::~DeviceAllocator() {
 
 // ---- malloc: the fallback chain ----
 
+// The cached path of a stream with a lane: what the chain below does when a cached block fits and
+// no capture or pending event is in the way, under the stream's lane only. Everything it reads to
+// decide changes only under the whole device. What the hand-out adds to the statistics must fit in
+// the lane's room below the peaks (LaneStats); where it might not, the block goes back and the
+// whole device serves the request.
+[[gnu::always_inline]] inline Block* DeviceAllocator::malloc_in_lane(int slot, std::size_t requested,
+                                                                     std::size_t at_least) {
+  LaneGuard guard(mutex_, slot);
+  if (d_.capturing() || !pending_.empty() || d_.stats.any_pending() || requested > SIZE_MAX - kLargeRounding) {
+    return nullptr;
+  }
+  const std::size_t size = std::max(round_size(requested), at_least);
+  FreeBins* bins = lane_bins(mutex_.slot(slot), is_small(size));
+  if (!bins) return nullptr;
+  Block* block = FreeBlocks::take_best_fit_in(*bins, size);
+  if (!block) return nullptr;
+  const Segment& segment = *block->segment;
+  const LaneStats& stats = guard.lane().stats;
+  const int t = segment.small ? 0 : 1;
+  // The most it adds: the whole block handed out, and a new inactive split block of the rest.
+  const auto whole = static_cast<std::int64_t>(block->size);
+  const bool new_split = !block->is_split() && !segment.growable;
+  if (!stats.fits(LaneStats::kAllocation, t, 1) || !stats.fits(LaneStats::kAllocatedBytes, t, whole) ||
+      !stats.fits(LaneStats::kRequestedBytes, t, static_cast<std::int64_t>(requested)) ||
+      (new_split && (!stats.fits(LaneStats::kInactiveSplit, t, 1) ||
+                     !stats.fits(LaneStats::kInactiveSplitBytes, t, whole - static_cast<std::int64_t>(size))))) {
+    FreeBlocks::insert_into(*bins, block);
+    return nullptr;
+  }
+  const InLane in_lane{bins, guard.lane()};
+  return place(block, size, requested, &in_lane);
+}
+
 Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size_t at_least) {
-  std::lock_guard<Lock> lock(mutex_);
+  if (const int slot = mutex_.slot_of(stream); slot >= 0) {
+    if (Block* block = malloc_in_lane(slot, requested, at_least)) return block;
+  }
+  std::lock_guard<DeviceLock> lock(mutex_);
+  mutex_.add_stream(stream);
   // While a graph may be capturing, event queries are illegal; blocks wait until it ends, or
   // until the capture graph shows they may be reused (core/capture_reuse.cpp).
   if (!d_.capturing()) {
@@ -61,7 +99,7 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
   Request r{&pool_for_locked(stream), is_small(size), stream, size};
 
   Block* block = try_cached(*r.pool, r);
-  if (block) return place(block, size, requested);
+  if (block) return place(block, size, requested, nullptr);
   measure_outside_locked();
   if (!fits_under(allocated_locked(), size, d_.cap.budget())) throw_oom(requested, size);
   block = memory_for(*r.pool).grow(r);
@@ -80,7 +118,7 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
   }
   if (retried) ++d_.stats.num_alloc_retries;
   if (!block) throw_oom(requested, size, r.device_refused);
-  block = place(block, size, requested);
+  block = place(block, size, requested, nullptr);
   if (release_threshold_ > 0.0) apply_release_threshold();
   return block;
 }
@@ -104,24 +142,44 @@ Pool& DeviceAllocator::targeted_pool_locked(StreamId stream) {
 // `size` bytes (it stays one inactive split block); an unsplit one that is cut leaves a new one,
 // its rest; a split block handed out whole is one fewer.
 // Inline in malloc: it runs on every allocation.
-[[gnu::always_inline]] inline Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t requested) {
+[[gnu::always_inline]] inline Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t requested,
+                                                            const InLane* lane) {
   const Segment& segment = *block->segment;
   const bool small = segment.small;
   const bool was_split = block->is_split();
+  std::int64_t split_blocks = 0;  // the net change of inactive split blocks
+  std::int64_t split_bytes = 0;
   if (should_split(block->size, size) && !segment.pool->no_split) {
-    Block* rest = split_block(block, size, d_.arena);
-    segment.pool->blocks_for(small).insert(rest);
-    if (was_split) {
-      count_split(segment, 0, -static_cast<std::int64_t>(size));
+    Block* rest = split_block(block, size, lane ? lane->lane.arena : d_.arena);
+    if (lane) {
+      FreeBlocks::insert_into(*lane->bins, rest);
     } else {
-      count_split(segment, 1, static_cast<std::int64_t>(rest->size));
+      segment.pool->blocks_for(small).insert(rest);
+    }
+    if (was_split) {
+      split_bytes = -static_cast<std::int64_t>(size);
+    } else {
+      split_blocks = 1;
+      split_bytes = static_cast<std::int64_t>(rest->size);
     }
   } else if (was_split) {
-    count_split(segment, -1, -static_cast<std::int64_t>(block->size));
+    split_blocks = -1;
+    split_bytes = -static_cast<std::int64_t>(block->size);
   }
   block->allocated = true;
   block->requested = requested;
-  d_.stats.hand_out(small, block->size, requested);
+  if (lane) {
+    LaneStats& stats = lane->lane.stats;
+    const int t = small ? 0 : 1;
+    stats.increase(LaneStats::kAllocation, t, 1);
+    stats.increase(LaneStats::kAllocatedBytes, t, static_cast<std::int64_t>(block->size));
+    stats.increase(LaneStats::kRequestedBytes, t, static_cast<std::int64_t>(requested));
+    count_split(stats, segment, split_blocks, split_bytes);
+    stats.touched = true;
+  } else {
+    count_split(segment, split_blocks, split_bytes);
+    d_.stats.hand_out(small, block->size, requested);
+  }
   debug_check();
   return block;
 }
@@ -155,17 +213,45 @@ void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size, bool de
 
 // ---- free ----
 
-void DeviceAllocator::free(Block* block) {
-  std::lock_guard<Lock> lock(mutex_);
-  if (!block->allocated) throw std::logic_error("gpumem: block freed twice or never allocated");
-  const bool small = block->segment->small;
+// The cached free of a stream with a lane: a block no other stream used, of the default pool,
+// while nothing (a capture, the limit passed, a release threshold) asks for more than the free set,
+// and the most the free can add to the inactive split blocks (one block, of its own size) fits in
+// the lane's room.
+[[gnu::always_inline]] inline bool DeviceAllocator::free_in_lane(int slot, Block* block) {
+  LaneGuard guard(mutex_, slot);
+  if (!block->allocated || !block->stream_uses.empty() || d_.capturing() || release_threshold_ != 0.0 ||
+      d_.cap.reserved() > d_.cap.budget()) {
+    return false;
+  }
+  const Segment& segment = *block->segment;
+  if (segment.pool != &d_.default_pool) return false;
+  const LaneStats& stats = guard.lane().stats;
+  const int t = segment.small ? 0 : 1;
+  if (!segment.growable && (!stats.fits(LaneStats::kInactiveSplit, t, 1) ||
+                            !stats.fits(LaneStats::kInactiveSplitBytes, t, static_cast<std::int64_t>(block->size)))) {
+    return false;
+  }
+  FreeBins* bins = lane_bins(mutex_.slot(slot), segment.small);
+  if (!bins) return false;
   block->allocated = false;
-  d_.stats.release(small, block->size);
+  const InLane in_lane{bins, guard.lane()};
+  free_block(block, &in_lane, true);
+  debug_check();
+  return true;
+}
+
+void DeviceAllocator::free(Block* block) {
+  if (const int slot = mutex_.slot_of(block->stream); slot >= 0 && free_in_lane(slot, block)) return;
+  std::lock_guard<DeviceLock> lock(mutex_);
+  if (!block->allocated) throw std::logic_error("gpumem: block freed twice or never allocated");
+  block->allocated = false;
   if (block->stream_uses.empty()) {
-    free_block(block);
+    release_after_free(free_block(block, nullptr, true));
     debug_check();
     return;
   }
+  const bool small = block->segment->small;
+  d_.stats.release(small, block->size);
   d_.stats.pend(small, block->size);
   if (!d_.capturing()) {
     insert_events(block);
@@ -178,32 +264,53 @@ void DeviceAllocator::free(Block* block) {
 void DeviceAllocator::free_pending(Block* block) {
   block->pending_events = 0;
   d_.stats.retire(block->segment->small, block->size);
-  free_block(block);
+  release_after_free(free_block(block, nullptr, false));
 }
 
-// The caller freed `block` and no stream uses it: back into its pool's free set, merged.
-[[gnu::always_inline]] inline void DeviceAllocator::free_block(Block* block) {
+[[gnu::always_inline]] inline Block* DeviceAllocator::free_block(Block* block, const InLane* lane, bool released) {
   const Segment& segment = *block->segment;  // `block` itself may be folded into its neighbour
   const bool small = segment.small;
-  d_.stats.settle(small, block->requested);
+  const std::size_t size = block->size;
+  const std::size_t requested = block->requested;
   block->requested = 0;
   FreeBlocks& blocks = segment.pool->blocks_for(small);
-  const Merge merge = merge_free_neighbours(block, blocks, d_.arena);
+  const Merge merge = merge_free_neighbours(block, blocks, lane ? lane->lane.arena : d_.arena);
   const bool split = merge.block->is_split();  // the net change: the merged block if split, less the neighbours
-  count_split(segment, (split ? 1 : 0) - merge.absorbed_count,
-              static_cast<std::int64_t>(split ? merge.block->size : 0) - static_cast<std::int64_t>(merge.absorbed_bytes));
-  blocks.insert(merge.block);
+  const std::int64_t split_blocks = (split ? 1 : 0) - merge.absorbed_count;
+  const std::int64_t split_bytes =
+      static_cast<std::int64_t>(split ? merge.block->size : 0) - static_cast<std::int64_t>(merge.absorbed_bytes);
+  if (lane) {
+    FreeBlocks::insert_into(*lane->bins, merge.block);
+    LaneStats& stats = lane->lane.stats;
+    const int t = small ? 0 : 1;
+    if (released) {
+      stats.decrease(LaneStats::kAllocation, t, 1);
+      stats.decrease(LaneStats::kAllocatedBytes, t, static_cast<std::int64_t>(size));
+    }
+    stats.decrease(LaneStats::kRequestedBytes, t, static_cast<std::int64_t>(requested));
+    count_split(stats, segment, split_blocks, split_bytes);
+    stats.touched = true;
+  } else {
+    blocks.insert(merge.block);
+    if (released) d_.stats.release(small, size);
+    d_.stats.settle(small, requested);
+    count_split(segment, split_blocks, split_bytes);
+  }
+  return merge.block;
+}
+
+void DeviceAllocator::release_after_free(const Block* merged) {
   // Usually neither holds, and the free ends here.
   const bool over_limit = d_.cap.reserved() > d_.cap.budget() && !d_.capturing();
   if (!over_limit && release_threshold_ == 0.0) return;
   // Something became releasable: a whole plain segment, or a free page of a growable one.
-  if (!memory_of(*merge.block->segment).frees_memory(*merge.block)) return;
+  if (!memory_of(*merged->segment).frees_memory(*merged)) return;
   if (over_limit) give_back_over_limit();
   if (release_threshold_ > 0.0) apply_release_threshold();
 }
 
 void DeviceAllocator::record_stream(Block* block, StreamId stream) {
-  std::lock_guard<Lock> lock(mutex_);
+  std::lock_guard<DeviceLock> lock(mutex_);
   if (stream == block->stream) return;
   auto& uses = block->stream_uses;
   if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
@@ -251,29 +358,29 @@ void DeviceAllocator::synchronize_and_process_events() {
 // ---- growable segments: asked for, and in effect ----
 
 void DeviceAllocator::set_growable(bool on) {
-  std::lock_guard<Lock> lock(mutex_);
+  std::lock_guard<DeviceLock> lock(mutex_);
   growable_.set_on(on);
 }
 
 bool DeviceAllocator::growable() const {
-  std::lock_guard<Lock> lock(mutex_);
+  std::lock_guard<DeviceLock> lock(mutex_);
   return growable_.in_effect();
 }
 
 // ---- statistics and views ----
 
 DeviceStats DeviceAllocator::stats() const {
-  std::lock_guard<Lock> lock(mutex_);
+  std::lock_guard<DeviceLock> lock(mutex_);
   return d_.stats.snapshot();
 }
 
 void DeviceAllocator::reset_peak_stats() {
-  std::lock_guard<Lock> lock(mutex_);
+  std::lock_guard<DeviceLock> lock(mutex_);
   d_.stats.reset_peak();
 }
 
 void DeviceAllocator::reset_accumulated_stats() {
-  std::lock_guard<Lock> lock(mutex_);
+  std::lock_guard<DeviceLock> lock(mutex_);
   d_.stats.reset_accumulated();
 }
 
@@ -284,7 +391,7 @@ std::size_t DeviceAllocator::largest_free_block_locked() const {
 }
 
 std::size_t DeviceAllocator::largest_free_block() const {
-  std::lock_guard<Lock> lock(mutex_);
+  std::lock_guard<DeviceLock> lock(mutex_);
   return largest_free_block_locked();
 }
 
@@ -302,7 +409,7 @@ BlockInfo info_of(const Block& b) {
 // A plain segment is one SegmentInfo; a growable one, one per mapped stretch, so the segments of a
 // snapshot add up to the reserved bytes.
 std::vector<SegmentInfo> DeviceAllocator::snapshot() const {
-  std::lock_guard<Lock> lock(mutex_);
+  std::lock_guard<DeviceLock> lock(mutex_);
   std::vector<SegmentInfo> out;
   out.reserve(d_.segments.size());
   for (const auto& [addr, segment] : d_.segments) {
@@ -318,7 +425,7 @@ std::vector<SegmentInfo> DeviceAllocator::snapshot() const {
 
 std::optional<std::pair<std::uintptr_t, std::size_t>> DeviceAllocator::segment_of(const void* ptr) const {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  std::lock_guard<Lock> lock(mutex_);
+  std::lock_guard<DeviceLock> lock(mutex_);
   auto it = d_.segments.upper_bound(addr);
   if (it == d_.segments.begin()) return std::nullopt;
   const Segment& s = *std::prev(it)->second;
@@ -332,7 +439,7 @@ std::optional<std::pair<std::uintptr_t, std::size_t>> DeviceAllocator::segment_o
 }
 
 bool DeviceAllocator::heads_a_split(const Block* block) const {
-  std::lock_guard<Lock> lock(mutex_);
+  std::lock_guard<DeviceLock> lock(mutex_);
   const bool starts = block->prev == nullptr || !block->prev->mapped;
   // Free mapped neighbours always merge, so a cached block right behind is the rest of a split.
   return starts && block->next != nullptr && block->next->is_cached();
@@ -341,7 +448,7 @@ bool DeviceAllocator::heads_a_split(const Block* block) const {
 // ---- invariants ----
 
 void DeviceAllocator::check_invariants() const {
-  std::lock_guard<Lock> lock(mutex_);
+  std::lock_guard<DeviceLock> lock(mutex_);
   check_invariants_locked();
 }
 

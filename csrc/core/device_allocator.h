@@ -17,8 +17,11 @@
 // behind MemorySource (memory_source.h). The free set, split and merge, the cap and the statistics
 // are types of their own (free_set.h, split_merge.h, cap.h, stats.h).
 //
-// All state is guarded by one lock per device; every public method takes it once, and private
-// methods (suffix _locked where it matters) never take it.
+// Locks (core/lanes.h): the cached malloc and free of a stream hold only that stream's lane, and
+// change the statistics in the lane's own share (malloc_in_lane, free_in_lane). Everything else
+// holds the whole device (DeviceLock: the device's lock and every lane), so it runs alone; every
+// public method takes it once, and private methods (suffix _locked where it matters) never take
+// it.
 #pragma once
 
 #include <array>
@@ -39,6 +42,7 @@
 #include "core/block.h"
 #include "core/device_state.h"
 #include "core/growable_segments.h"
+#include "core/lanes.h"
 #include "core/plain_segments.h"
 #include "core/split_merge.h"
 #include "core/lock.h"
@@ -208,15 +212,43 @@ class DeviceAllocator {
   MemorySource& memory_for(const Pool& pool) { return growable_.serves(pool) ? static_cast<MemorySource&>(growable_) : plain_; }
   MemorySource& memory_of(const Segment& segment) { return segment.growable ? static_cast<MemorySource&>(growable_) : plain_; }
   Block* try_use_on_oom_pools(const Request& r);
+  // The cached path of a stream with a lane (core/lanes.h), under that lane only: nullptr, or
+  // false, changing nothing, where the request needs the whole device (no cached block fits, a
+  // capture, pending events, the limit passed, a release threshold, another pool, stream uses).
+  inline Block* malloc_in_lane(int slot, std::size_t requested, std::size_t at_least);
+  inline bool free_in_lane(int slot, Block* block);
+  // The default pool's bins of the slot's stream, found once; nullptr if it has none yet.
+  FreeBins* lane_bins(LaneSlot& slot, bool small) {
+    FreeBins*& bins = slot.bins[small ? 0 : 1];
+    if (!bins) bins = d_.default_pool.blocks_for(small).existing_bins(slot.stream);
+    return bins;
+  }
   // place and free_block run on every cached malloc and free: inline, in device_allocator.cpp only.
-  inline Block* place(Block* block, std::size_t size, std::size_t requested);
+  // `lane`: the caller's lane, whose bins (of the block's stream), arena and share of the
+  // statistics are used; nullptr under the whole device (the pool's set, the device's arena, the
+  // ledger).
+  struct InLane {
+    FreeBins* bins;
+    Lane& lane;
+  };
+  inline Block* place(Block* block, std::size_t size, std::size_t requested, const InLane* lane);
   // `device_refused`: the device, not the cap, refused new memory for the request.
   [[noreturn]] void throw_oom(std::size_t requested, std::size_t size, bool device_refused = false);
 
-  inline void free_block(Block* block);
+  // Back into the free set, merged with its free neighbours; returns the merged block. `released`:
+  // the caller's free, which also leaves allocation (a pending block left it already).
+  inline Block* free_block(Block* block, const InLane* lane, bool released);
+  // After a free under the whole device: releases what the limit or the release threshold asks.
+  void release_after_free(const Block* merged);
   // Inactive split blocks changed in `segment`; counted in plain segments only (StatLedger::split_change).
   void count_split(const Segment& segment, std::int64_t blocks, std::int64_t bytes) {
     if (!segment.growable) d_.stats.split_change(segment.small, blocks, bytes);
+  }
+  static void count_split(LaneStats& stats, const Segment& segment, std::int64_t blocks, std::int64_t bytes) {
+    if (segment.growable) return;
+    const int t = segment.small ? 0 : 1;
+    stats.change(LaneStats::kInactiveSplit, t, blocks);
+    stats.change(LaneStats::kInactiveSplitBytes, t, bytes);
   }
   void free_pending(Block* block);  // a freed block no stream uses any more
   void defer(Block* block);
@@ -243,6 +275,7 @@ class DeviceAllocator {
   // After every operation in builds with the checker compiled in (GPUMEM_CHECK_INVARIANTS).
   void debug_check() const {
 #if GPUMEM_CHECK_INVARIANTS
+    mutex_.fold();  // a lane's cached path ran under the whole device (LaneGuard)
     check_invariants_locked();
 #endif
   }
@@ -253,7 +286,7 @@ class DeviceAllocator {
   LimitScope scope_ = LimitScope::kAllocator;
   std::atomic<OutsideSource> outside_source_{OutsideSource::kNone};
   double release_threshold_;
-  mutable Lock mutex_;
+  mutable DeviceLock mutex_;
   std::map<PoolId, std::unique_ptr<Pool>> private_pools_;
   std::deque<PendingFree> pending_;
   // Freed with stream uses while a pool target was active: held until the capture ends, or

@@ -17,10 +17,15 @@ bool FreeBlocks::stream_below(const std::unique_ptr<StreamBins>& bins, StreamId 
   return bins->stream < stream;
 }
 
-FreeBlocks::StreamBins* FreeBlocks::find_slow(StreamId stream) const {
+FreeBins* FreeBlocks::existing_bins(StreamId stream) const {
   auto it = std::lower_bound(streams_.begin(), streams_.end(), stream, stream_below);
-  if (it == streams_.end() || (*it)->stream != stream) return nullptr;
-  return last_ = it->get();
+  return it == streams_.end() || (*it)->stream != stream ? nullptr : it->get();
+}
+
+FreeBlocks::StreamBins* FreeBlocks::find_slow(StreamId stream) const {
+  StreamBins* bins = existing_bins(stream);
+  if (bins) last_ = bins;
+  return bins;
 }
 
 // Out of line: a new stream is rare, and inlined this would make every insert save registers.

@@ -51,6 +51,13 @@ class FreeBlocks {
   // sizes), removed; nullptr if none.
   Block* take_best_fit(StreamId stream, std::size_t size);
 
+  // The same for a stream's bins already found (the cached path of a lane, core/lanes.h): these
+  // neither look up nor remember a stream, so lanes of different streams may run them at once.
+  static void insert_into(FreeBins& bins, Block* block);
+  static Block* take_best_fit_in(FreeBins& bins, std::size_t size);
+  // A stream's bins, if it has any; remembers nothing (no last-hit cache written).
+  FreeBins* existing_bins(StreamId stream) const;
+
   bool contains(const Block* block) const;
   std::size_t size() const;  // counts the blocks: for the invariant checker
   // Throws std::logic_error unless the invariants below hold: for tests and the invariant checker.
@@ -132,8 +139,9 @@ inline unsigned FreeBlocks::next_class(const StreamBins& bins, unsigned from) {
   return w * 64 + static_cast<unsigned>(__builtin_ctzll(bins.words[w]));
 }
 
-inline void FreeBlocks::insert(Block* block) {
-  StreamBins& bins = find_or_add(block->stream);
+inline void FreeBlocks::insert(Block* block) { insert_into(find_or_add(block->stream), block); }
+
+inline void FreeBlocks::insert_into(FreeBins& bins, Block* block) {
   const unsigned cls = class_of(block->size);
   if (!bins.roots[cls]) {
     bins.words[cls / 64] |= std::uint64_t{1} << (cls % 64);
@@ -156,15 +164,18 @@ inline void FreeBlocks::erase(Block* block) { unlink(*block->where.bins, block->
 
 inline Block* FreeBlocks::take_best_fit(StreamId stream, std::size_t size) {
   StreamBins* bins = find(stream);
-  if (!bins) return nullptr;
+  return bins ? take_best_fit_in(*bins, size) : nullptr;
+}
+
+inline Block* FreeBlocks::take_best_fit_in(FreeBins& bins, std::size_t size) {
   unsigned cls = class_of(size);
-  Block* block = free_tree::lower_bound(bins->roots[cls], size);
+  Block* block = free_tree::lower_bound(bins.roots[cls], size);
   if (!block) {
-    cls = next_class(*bins, cls + 1);
+    cls = next_class(bins, cls + 1);
     if (cls == kNone) return nullptr;
-    block = free_tree::extreme(bins->roots[cls], 0);
+    block = free_tree::extreme(bins.roots[cls], 0);
   }
-  unlink(*bins, cls, block);
+  unlink(bins, cls, block);
   return block;
 }
 

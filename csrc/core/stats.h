@@ -81,6 +81,36 @@ inline void increase_stat(StatArray& stat, bool small_pool, std::int64_t amount)
   stat[small_pool ? kSmallPool : kLargePool].increase(amount);
 }
 
+// What one lane's cached path (core/lanes.h) changed of the figures a cached malloc or free moves,
+// since the whole device last folded it into the StatLedger, and how far it may raise each on its
+// own: its room. The ledger grants the rooms (StatLedger::grant) so that the lanes together can
+// never pass a peak: a change that does not fit is made under the whole device instead, where the
+// ledger is exact and moves the peak. So the peaks stay exact though no lane writes shared state.
+// Written only under the lane's lock, or under the whole device.
+struct LaneStats {
+  enum Figure : int { kAllocation, kAllocatedBytes, kRequestedBytes, kInactiveSplit, kInactiveSplitBytes, kFigures };
+  std::int64_t current[kFigures][2] = {};    // this lane's change to each pool's current; may be negative
+  std::int64_t decreased[kFigures][2] = {};  // its decreases, for the accumulated figures
+  std::int64_t room[kFigures][3] = {};       // the most current[f][t] may reach, and [2]: the two pools' sum
+  bool touched = false;                      // changed since the last fold
+
+  bool fits(int f, int t, std::int64_t amount) const {
+    return current[f][t] + amount <= room[f][t] && current[f][0] + current[f][1] + amount <= room[f][2];
+  }
+  void increase(int f, int t, std::int64_t amount) { current[f][t] += amount; }
+  void decrease(int f, int t, std::int64_t amount) {
+    current[f][t] -= amount;
+    decreased[f][t] += amount;
+  }
+  void change(int f, int t, std::int64_t amount) {
+    if (amount > 0) {
+      increase(f, t, amount);
+    } else if (amount < 0) {
+      decrease(f, t, -amount);
+    }
+  }
+};
+
 // The statistics as a device allocator keeps them: changed only through the named events below,
 // each of which moves every figure it concerns at once, and read as a DeviceStats (snapshot()).
 //
@@ -153,6 +183,14 @@ class StatLedger {
     if (bytes > 0) reserved_bytes_.decrease(t, static_cast<std::int64_t>(bytes));
   }
 
+  // Whether a freed block is still used by a stream (then hand_out also moves active's own peak).
+  bool any_pending() const { return pending_.current[0] != 0 || pending_.current[1] != 0; }
+  // Lanes (core/lanes.h), under the whole device: fold takes a lane's changes into the ledger and
+  // clears them; with every lane folded, room says what each of `lanes` lanes may have as its room:
+  // a `lanes`th of each figure's distance to its peaks, so that together they stay at or under them.
+  void fold(LaneStats& lane);
+  void room(int lanes, std::int64_t (&room)[LaneStats::kFigures][3]) const;
+
   std::int64_t allocated_bytes() const { return allocated_bytes_.whole(); }  // all pools, now
   std::int64_t reserved_bytes() const { return reserved_bytes_.whole(); }
 
@@ -199,6 +237,8 @@ class StatLedger {
   };
   static int pool(bool small) { return small ? 0 : 1; }
   void note_active_peak(int t);
+  Figure& lane_figure(int f);
+  const Figure& lane_figure(int f) const { return const_cast<StatLedger*>(this)->lane_figure(f); }
   // Active from allocation, pending and active's own peaks (`own`: only its peaks are used).
   static StatArray read_active(const Figure& allocated, const Figure& pending, const Figure& own);
   static void reset_active_peak(Figure& own, const Figure& allocated, const Figure& pending);

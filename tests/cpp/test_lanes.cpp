@@ -1,0 +1,209 @@
+// The cached path of each stream in its own lane (core/lanes.h): the statistics stay exact, peaks
+// included, though lanes change their shares without the whole device, and streams past the slots
+// still work under the whole device.
+//
+// These tests call the allocator directly, not through Sim's checked malloc and free: a check takes
+// the whole device, which folds every lane's share into the ledger, and the point here is what
+// happens between folds.
+#include <algorithm>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "helpers.h"
+
+using namespace gpumem_test;
+
+namespace {
+
+using I = std::int64_t;
+
+// What the test itself counts of three figures: current and peak, of all pools.
+struct Model {
+  I allocation = 0, allocation_peak = 0;
+  I bytes = 0, bytes_peak = 0;
+  I requested = 0, requested_peak = 0;
+
+  void hand_out(const Block* b, std::size_t requested_size) {
+    allocation += 1;
+    bytes += static_cast<I>(b->size);
+    requested += static_cast<I>(requested_size);
+    allocation_peak = std::max(allocation_peak, allocation);
+    bytes_peak = std::max(bytes_peak, bytes);
+    requested_peak = std::max(requested_peak, requested);
+  }
+  void free(const Block* b, std::size_t requested_size) {
+    allocation -= 1;
+    bytes -= static_cast<I>(b->size);
+    requested -= static_cast<I>(requested_size);
+  }
+  void reset_peak() {
+    allocation_peak = allocation;
+    bytes_peak = bytes;
+    requested_peak = requested;
+  }
+};
+
+void require_matches(const DeviceStats& s, const Model& m) {
+  REQUIRE(s.allocation[kAll].current == m.allocation);
+  REQUIRE(s.allocation[kAll].peak == m.allocation_peak);
+  REQUIRE(s.allocated_bytes[kAll].current == m.bytes);
+  REQUIRE(s.allocated_bytes[kAll].peak == m.bytes_peak);
+  REQUIRE(s.requested_bytes[kAll].current == m.requested);
+  REQUIRE(s.requested_bytes[kAll].peak == m.requested_peak);
+  REQUIRE(s.active[kAll].peak == m.allocation_peak);  // no block pends here: active is allocation
+}
+
+struct Live {
+  Block* block;
+  std::size_t requested;
+};
+
+}  // namespace
+
+TEST_CASE("cached mallocs on two streams stay in their lanes' room under the peak, and the one past it moves the peak exactly",
+          "[lanes][stats]") {
+  Sim sim;
+  // 64 MiB cached on each stream, after a peak of 64 MiB: one held at a time.
+  Block* a = sim.alloc.malloc(64 * MiB, kStream1);
+  const I peak = static_cast<I>(a->size);
+  sim.alloc.free(a);
+  sim.alloc.free(sim.alloc.malloc(64 * MiB, kStream2));
+  REQUIRE(sim.stats().allocated_bytes[kAll].peak == peak);  // the whole device folds the lanes and grants room
+  const std::size_t reserved = sim.ledger().in_use;
+  Block* x1 = sim.alloc.malloc(16 * MiB, kStream1);  // from the cache, each in its stream's lane
+  Block* x2 = sim.alloc.malloc(16 * MiB, kStream2);
+  const I held = static_cast<I>(x1->size + x2->size);
+  REQUIRE(held < peak);
+  DeviceStats s = sim.stats();
+  REQUIRE(s.allocated_bytes[kAll].current == held);
+  REQUIRE(s.allocated_bytes[kAll].peak == peak);
+  REQUIRE(s.allocation[kAll].peak == 2);
+  Block* y1 = sim.alloc.malloc(40 * MiB, kStream1);  // the whole passes the old peak
+  REQUIRE(sim.ledger().in_use == reserved);         // all of it was cached memory
+  s = sim.stats();
+  const I now = held + static_cast<I>(y1->size);
+  REQUIRE(now > peak);
+  REQUIRE(s.allocated_bytes[kAll].current == now);
+  REQUIRE(s.allocated_bytes[kAll].peak == now);
+  REQUIRE(s.allocation[kAll].peak == 3);
+  for (Block* blk : {x1, x2, y1}) sim.alloc.free(blk);
+  REQUIRE(sim.stats().allocated_bytes[kAll].peak == now);
+  sim.alloc.check_invariants();
+}
+
+TEST_CASE("random cached mallocs and frees on four streams keep every current and peak exact between folds",
+          "[lanes][stats]") {
+  Sim sim;
+  std::mt19937_64 rng(15);
+  std::uniform_real_distribution<double> log_size(std::log(512.0), std::log(48.0 * MiB));
+  const StreamId streams[] = {kStream0, kStream1, kStream2, kStream3};
+  Model model;
+  std::vector<Live> live;
+  for (int op = 0; op < 20000; ++op) {
+    const int roll = static_cast<int>(rng() % 100);
+    if (!live.empty() && (roll < 45 || live.size() > 48)) {
+      const std::size_t i = rng() % live.size();
+      model.free(live[i].block, live[i].requested);
+      sim.alloc.free(live[i].block);
+      live[i] = live.back();
+      live.pop_back();
+    } else if (roll < 97) {
+      const auto size = static_cast<std::size_t>(std::exp(log_size(rng)));
+      Block* block = sim.alloc.malloc(size, streams[rng() % 4]);
+      model.hand_out(block, size);
+      live.push_back({block, size});
+    } else if (roll < 98) {
+      sim.alloc.reset_peak_stats();
+      model.reset_peak();
+    } else {
+      INFO("after operation " << op);
+      require_matches(sim.alloc.stats(), model);
+    }
+  }
+  require_matches(sim.alloc.stats(), model);
+  sim.alloc.check_invariants();  // inactive split blocks and the rest, recounted from the blocks
+  for (const Live& l : live) sim.alloc.free(l.block);
+  sim.alloc.check_invariants();
+}
+
+TEST_CASE("streams past the lanes' slots are served under the whole device, with exact statistics", "[lanes][stats]") {
+  Sim sim;
+  constexpr int kStreams = DeviceLock::kSlots + 8;
+  Model model;
+  std::vector<Live> live;
+  for (int round = 0; round < 3; ++round) {
+    for (int s = 0; s < kStreams; ++s) {
+      const std::size_t size = (static_cast<std::size_t>(s) + 1) * 3 * KiB;
+      Block* block = sim.alloc.malloc(size, static_cast<StreamId>(100 + s));
+      REQUIRE(block->stream == static_cast<StreamId>(100 + s));
+      model.hand_out(block, size);
+      live.push_back({block, size});
+    }
+    for (std::size_t i = 0; i < live.size(); i += 2) {
+      model.free(live[i].block, live[i].requested);
+      sim.alloc.free(live[i].block);
+    }
+    std::vector<Live> kept;
+    for (std::size_t i = 1; i < live.size(); i += 2) kept.push_back(live[i]);
+    live = kept;
+    require_matches(sim.alloc.stats(), model);
+    sim.alloc.check_invariants();
+  }
+}
+
+TEST_CASE("threads on their own streams end with the statistics of what they still hold", "[lanes][threads]") {
+  Sim sim;
+  constexpr int kThreads = 4;
+  constexpr int kOps = 20000;
+  std::vector<std::vector<Live>> kept(kThreads);
+  std::vector<I> own_peak(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(static_cast<std::uint64_t>(t) + 1);
+      std::vector<Live> live;
+      I held = 0;
+      for (int op = 0; op < kOps; ++op) {
+        if (!live.empty() && (rng() % 2 == 0 || live.size() > 16)) {
+          const std::size_t i = rng() % live.size();
+          held -= static_cast<I>(live[i].block->size);
+          sim.alloc.free(live[i].block);
+          live[i] = live.back();
+          live.pop_back();
+        } else {
+          const std::size_t size = 512 + rng() % (4 * MiB);
+          Block* block = sim.alloc.malloc(size, static_cast<StreamId>(10 + t));
+          held += static_cast<I>(block->size);
+          own_peak[t] = std::max(own_peak[t], held);
+          live.push_back({block, size});
+        }
+      }
+      kept[t] = live;
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  I bytes = 0, requested = 0, count = 0, sum_of_peaks = 0;
+  for (int t = 0; t < kThreads; ++t) {
+    for (const Live& l : kept[t]) {
+      bytes += static_cast<I>(l.block->size);
+      requested += static_cast<I>(l.requested);
+      ++count;
+    }
+    sum_of_peaks += own_peak[t];
+  }
+  const DeviceStats s = sim.alloc.stats();
+  REQUIRE(s.allocation[kAll].current == count);
+  REQUIRE(s.allocated_bytes[kAll].current == bytes);
+  REQUIRE(s.requested_bytes[kAll].current == requested);
+  REQUIRE(s.allocation[kAll].allocated == s.allocation[kAll].freed + count);
+  // The peak is the whole's: at least any one thread's, never more than all of theirs at once.
+  for (int t = 0; t < kThreads; ++t) REQUIRE(s.allocated_bytes[kAll].peak >= own_peak[t]);
+  REQUIRE(s.allocated_bytes[kAll].peak <= sum_of_peaks);
+  sim.alloc.check_invariants();
+  for (const auto& live : kept) {
+    for (const Live& l : live) sim.alloc.free(l.block);
+  }
+  sim.alloc.check_invariants();
+}
