@@ -164,6 +164,7 @@ struct Figures {
   double cpu_ns;             // per pair, the thread's CPU time: wall_ns without the time other processes took
   double aggregate_ns;       // per pair, wall time / the pairs of all threads: the throughput of the whole
   double backend_share;      // backend calls per timed pair: with no limit, only a cache miss calls it, once
+  double lane_share;         // of the timed mallocs and frees, those a stream's lane served alone
   CacheState cache;
 };
 
@@ -176,6 +177,8 @@ Figures measure(SimBackend& backend, std::vector<std::unique_ptr<Ring>>& rings,
                 const std::vector<const DeviceAllocator*>& allocs) {
   for (auto& ring : rings) ring->run(pairs_per_run);  // warm-up: the cache grows to what the sequence needs
   const std::uint64_t calls_before = backend_calls(backend);
+  std::uint64_t served_before = 0;
+  for (const DeviceAllocator* a : allocs) served_before += a->served_in_lanes();
   std::vector<double> wall, cpu;
   for (int r = 0; r < kRuns; ++r) {
     const RunTime t = timed_run(rings);
@@ -190,6 +193,9 @@ Figures measure(SimBackend& backend, std::vector<std::unique_ptr<Ring>>& rings,
   f.cpu_ns = median(cpu);
   f.aggregate_ns = f.wall_ns / static_cast<double>(rings.size());
   f.backend_share = static_cast<double>(backend_calls(backend) - calls_before) / pairs_all;
+  std::uint64_t served = 0;
+  for (const DeviceAllocator* a : allocs) served += a->served_in_lanes();
+  f.lane_share = static_cast<double>(served - served_before) / (2 * pairs_all);
   f.cache = cache_state(allocs);
   return f;
 }
@@ -198,8 +204,8 @@ Figures measure(SimBackend& backend, std::vector<std::unique_ptr<Ring>>& rings,
 void print(const char* name, const Figures& f, const std::string& target, bool met) {
   std::printf("%-36s %8.1f ns [%7.1f .. %7.1f]  cpu %7.1f ns  aggregate %7.1f ns  %s: %s\n", name, f.wall_ns,
               f.min_ns, f.max_ns, f.cpu_ns, f.aggregate_ns, target.c_str(), met ? "met" : "MISSED");
-  std::printf("%-36s pairs that reached the backend: %.4f%%; cache: %zu segments, %.2f GiB, %zu free blocks\n", "",
-              100.0 * f.backend_share, f.cache.segments, static_cast<double>(f.cache.reserved) / (1 << 30),
+  std::printf("%-36s pairs that reached the backend: %.4f%%; calls served in lanes: %.2f%%; cache: %zu segments, "
+              "%.2f GiB, %zu free blocks\n", "", 100.0 * f.backend_share, 100.0 * f.lane_share, f.cache.segments, static_cast<double>(f.cache.reserved) / (1 << 30),
               f.cache.free_blocks);
 }
 

@@ -64,18 +64,16 @@ DeviceAllocator::~DeviceAllocator() {
   Block* block = FreeBlocks::take_best_fit_in(*bins, size);
   if (!block) return nullptr;
   const Segment& segment = *block->segment;
-  const LaneStats& stats = guard.lane().stats;
-  const int t = segment.small ? 0 : 1;
-  // The most it adds: the whole block handed out, and a new inactive split block of the rest.
-  const auto whole = static_cast<std::int64_t>(block->size);
-  const bool new_split = !block->is_split() && !segment.growable;
-  if (!stats.fits(LaneStats::kAllocation, t, 1) || !stats.fits(LaneStats::kAllocatedBytes, t, whole) ||
-      !stats.fits(LaneStats::kRequestedBytes, t, static_cast<std::int64_t>(requested)) ||
-      (new_split && (!stats.fits(LaneStats::kInactiveSplit, t, 1) ||
-                     !stats.fits(LaneStats::kInactiveSplitBytes, t, whole - static_cast<std::int64_t>(size))))) {
+  // The most it adds: the whole block handed out, and (cutting an unsplit block of a plain
+  // segment) a new inactive split block of the rest.
+  const std::size_t rest = block->is_split() || segment.growable ? 0 : block->size - size;
+  if (!guard.lane().stats.hand_out_fits(segment.small ? 0 : 1, block->size, requested, rest)) {
     FreeBlocks::insert_into(*bins, block);
+    guard.lane().busy = true;
     return nullptr;
   }
+  ++guard.lane().served;
+  guard.lane().busy = true;
   const InLane in_lane{bins, guard.lane()};
   return place(block, size, requested, &in_lane);
 }
@@ -169,13 +167,8 @@ Pool& DeviceAllocator::targeted_pool_locked(StreamId stream) {
   block->allocated = true;
   block->requested = requested;
   if (lane) {
-    LaneStats& stats = lane->lane.stats;
-    const int t = small ? 0 : 1;
-    stats.increase(LaneStats::kAllocation, t, 1);
-    stats.increase(LaneStats::kAllocatedBytes, t, static_cast<std::int64_t>(block->size));
-    stats.increase(LaneStats::kRequestedBytes, t, static_cast<std::int64_t>(requested));
-    count_split(stats, segment, split_blocks, split_bytes);
-    stats.touched = true;
+    count_split(lane->lane.stats, segment, split_blocks, split_bytes);
+    lane->lane.stats.hand_out(small ? 0 : 1, block->size, requested);
   } else {
     count_split(segment, split_blocks, split_bytes);
     d_.stats.hand_out(small, block->size, requested);
@@ -225,15 +218,15 @@ void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size, bool de
   }
   const Segment& segment = *block->segment;
   if (segment.pool != &d_.default_pool) return false;
-  const LaneStats& stats = guard.lane().stats;
-  const int t = segment.small ? 0 : 1;
-  if (!segment.growable && (!stats.fits(LaneStats::kInactiveSplit, t, 1) ||
-                            !stats.fits(LaneStats::kInactiveSplitBytes, t, static_cast<std::int64_t>(block->size)))) {
+  if (!segment.growable && !guard.lane().stats.free_fits(segment.small ? 0 : 1, block->size)) {
+    guard.lane().busy = true;
     return false;
   }
   FreeBins* bins = lane_bins(mutex_.slot(slot), segment.small);
   if (!bins) return false;
   block->allocated = false;
+  ++guard.lane().served;
+  guard.lane().busy = true;
   const InLane in_lane{bins, guard.lane()};
   free_block(block, &in_lane, true);
   debug_check();
@@ -282,14 +275,9 @@ void DeviceAllocator::free_pending(Block* block) {
   if (lane) {
     FreeBlocks::insert_into(*lane->bins, merge.block);
     LaneStats& stats = lane->lane.stats;
-    const int t = small ? 0 : 1;
-    if (released) {
-      stats.decrease(LaneStats::kAllocation, t, 1);
-      stats.decrease(LaneStats::kAllocatedBytes, t, static_cast<std::int64_t>(size));
-    }
-    stats.decrease(LaneStats::kRequestedBytes, t, static_cast<std::int64_t>(requested));
+    if (released) stats.release(small ? 0 : 1, size);
+    stats.settle(small ? 0 : 1, requested);
     count_split(stats, segment, split_blocks, split_bytes);
-    stats.touched = true;
   } else {
     blocks.insert(merge.block);
     if (released) d_.stats.release(small, size);
@@ -372,6 +360,11 @@ bool DeviceAllocator::growable() const {
 DeviceStats DeviceAllocator::stats() const {
   std::lock_guard<DeviceLock> lock(mutex_);
   return d_.stats.snapshot();
+}
+
+std::uint64_t DeviceAllocator::served_in_lanes() const {
+  std::lock_guard<DeviceLock> lock(mutex_);
+  return mutex_.served();
 }
 
 void DeviceAllocator::reset_peak_stats() {

@@ -162,6 +162,9 @@ class DeviceAllocator {
   std::size_t page_size() const { return growable_.page_size(); }
 
   DeviceStats stats() const;
+  // How many mallocs and frees each stream's cached path served on its own (core/lanes.h), without
+  // the whole device: for tests and benchmarks.
+  std::uint64_t served_in_lanes() const;
   void reset_peak_stats();
   void reset_accumulated_stats();
   // The largest cached free block, in bytes.
@@ -245,10 +248,7 @@ class DeviceAllocator {
     if (!segment.growable) d_.stats.split_change(segment.small, blocks, bytes);
   }
   static void count_split(LaneStats& stats, const Segment& segment, std::int64_t blocks, std::int64_t bytes) {
-    if (segment.growable) return;
-    const int t = segment.small ? 0 : 1;
-    stats.change(LaneStats::kInactiveSplit, t, blocks);
-    stats.change(LaneStats::kInactiveSplitBytes, t, bytes);
+    if (!segment.growable) stats.split_change(segment.small ? 0 : 1, blocks, bytes);
   }
   void free_pending(Block* block);  // a freed block no stream uses any more
   void defer(Block* block);

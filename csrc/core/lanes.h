@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 
 #include "core/block.h"
@@ -48,6 +49,8 @@ struct alignas(64) Lane {
   Lock lock;
   BlockArena arena;
   LaneStats stats;  // its changes to the statistics since the whole device last held it
+  std::uint64_t served = 0;  // mallocs and frees its cached path served
+  bool busy = false;         // its cached path ran, or wanted room, since the last grant
 };
 
 // A stream with a lane, and the default pool's free bins of that stream, found once (they live as
@@ -104,17 +107,34 @@ class DeviceLock {
     count_.store(count + 1, std::memory_order_release);
   }
   Lane& lane_of_slot(int slot) { return lanes_[slot % kLanes]; }
+  // Under the whole device: the mallocs and frees the lanes' cached paths served so far.
+  std::uint64_t served() const {
+    std::uint64_t total = 0;
+    for (const Lane& lane : lanes_) total += lane.served;
+    return total;
+  }
   LaneSlot& slot(int slot) { return slots_[slot]; }
 
  private:
-  // Every lane in use gets an equal share of the room below each peak (lanes without a stream keep
-  // none: they never run the cached path).
+  // The lanes that were busy since the last grant share the room below each peak equally; the
+  // others get none until they ask (a lane that wants room it lacks goes to the whole device once,
+  // and is busy at the next grant). If none was busy, every lane with a stream shares it.
   void grant() {
     const int used = std::min(count_.load(std::memory_order_relaxed), kLanes);
     if (used == 0) return;
+    int busy = 0;
+    for (int i = 0; i < used; ++i) busy += lanes_[i].busy ? 1 : 0;
     std::int64_t room[LaneStats::kFigures][3];
-    ledger_->room(used, room);
-    for (int i = 0; i < used; ++i) std::memcpy(lanes_[i].stats.room, room, sizeof room);
+    ledger_->room(busy > 0 ? busy : used, room);
+    for (int i = 0; i < used; ++i) {
+      Lane& lane = lanes_[i];
+      if (busy == 0 || lane.busy) {
+        std::memcpy(lane.stats.room, room, sizeof room);
+      } else {
+        std::memset(lane.stats.room, 0, sizeof lane.stats.room);
+      }
+      lane.busy = false;
+    }
   }
 
   StatLedger* ledger_ = nullptr;

@@ -94,6 +94,41 @@ struct LaneStats {
   std::int64_t room[kFigures][3] = {};       // the most current[f][t] may reach, and [2]: the two pools' sum
   bool touched = false;                      // changed since the last fold
 
+  // The ledger's events of the cached path (StatLedger::hand_out, release, settle, split_change),
+  // on the lane's share; `t` is the pool: 0 small, 1 large.
+  void hand_out(int t, std::size_t size, std::size_t requested) {
+    increase(kAllocation, t, 1);
+    increase(kAllocatedBytes, t, static_cast<std::int64_t>(size));
+    increase(kRequestedBytes, t, static_cast<std::int64_t>(requested));
+    touched = true;
+  }
+  void release(int t, std::size_t size) {
+    decrease(kAllocation, t, 1);
+    decrease(kAllocatedBytes, t, static_cast<std::int64_t>(size));
+    touched = true;
+  }
+  void settle(int t, std::size_t requested) {
+    decrease(kRequestedBytes, t, static_cast<std::int64_t>(requested));
+    touched = true;
+  }
+  void split_change(int t, std::int64_t blocks, std::int64_t bytes) {
+    change(kInactiveSplit, t, blocks);
+    change(kInactiveSplitBytes, t, bytes);
+    touched = true;
+  }
+  // Whether the room holds the most a cached malloc can add: a hand-out of up to `size` bytes,
+  // `requested` asked, and, where `rest` > 0, a new inactive split block of up to `rest` bytes.
+  bool hand_out_fits(int t, std::size_t size, std::size_t requested, std::size_t rest) const {
+    return fits(kAllocation, t, 1) && fits(kAllocatedBytes, t, static_cast<std::int64_t>(size)) &&
+           fits(kRequestedBytes, t, static_cast<std::int64_t>(requested)) &&
+           (rest == 0 || (fits(kInactiveSplit, t, 1) && fits(kInactiveSplitBytes, t, static_cast<std::int64_t>(rest))));
+  }
+  // The most a cached free can add: one inactive split block of the freed block's `size`.
+  bool free_fits(int t, std::size_t size) const {
+    return fits(kInactiveSplit, t, 1) && fits(kInactiveSplitBytes, t, static_cast<std::int64_t>(size));
+  }
+
+ private:
   bool fits(int f, int t, std::int64_t amount) const {
     return current[f][t] + amount <= room[f][t] && current[f][0] + current[f][1] + amount <= room[f][2];
   }
