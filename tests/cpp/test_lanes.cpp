@@ -187,7 +187,13 @@ TEST_CASE("the cached path in lanes keeps every statistic, of every pool, as the
     // device's; a steady loop is served almost wholly in lanes, as bench_core prints.)
     const std::uint64_t served = lanes_sim.alloc.served_in_lanes() - served_before;
     INFO("served in lanes: " << served << " of " << calls);
+#if GPUMEM_CHECK_INVARIANTS
+    // Here the cached path holds the whole device (LaneGuard), whose every release grants all the
+    // room to the one lane just busy, so the other streams' next calls mostly fall back.
+    REQUIRE(served > 0);
+#else
     REQUIRE(served > static_cast<std::uint64_t>(calls) / 10);
+#endif
     REQUIRE(whole_sim.alloc.served_in_lanes() == whole_served_before);  // the test streams have no lane there
     lanes_sim.alloc.check_invariants();
     for (const auto& [a, b] : live) {
