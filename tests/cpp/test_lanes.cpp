@@ -60,17 +60,23 @@ struct Live {
   std::size_t requested;
 };
 
+// Leaves 64 MiB cached on each of streams 1 and 2 after a peak of 64 MiB (one held at a time), and
+// returns that peak; reading the statistics folds the lanes and grants them room.
+I cache_64_mib_on_two_streams(Sim& sim) {
+  Block* a = sim.alloc.malloc(64 * MiB, kStream1);
+  const I peak = static_cast<I>(a->size);
+  sim.alloc.free(a);
+  sim.alloc.free(sim.alloc.malloc(64 * MiB, kStream2));
+  REQUIRE(sim.stats().allocated_bytes[kAll].peak == peak);
+  return peak;
+}
+
 }  // namespace
 
 TEST_CASE("cached mallocs on two streams stay in their lanes' room under the peak, and the one past it moves the peak exactly",
           "[lanes][stats]") {
   Sim sim;
-  // 64 MiB cached on each stream, after a peak of 64 MiB: one held at a time.
-  Block* a = sim.alloc.malloc(64 * MiB, kStream1);
-  const I peak = static_cast<I>(a->size);
-  sim.alloc.free(a);
-  sim.alloc.free(sim.alloc.malloc(64 * MiB, kStream2));
-  REQUIRE(sim.stats().allocated_bytes[kAll].peak == peak);  // the whole device folds the lanes and grants room
+  const I peak = cache_64_mib_on_two_streams(sim);
   const std::size_t reserved = sim.ledger().in_use;
   Block* x1 = sim.alloc.malloc(16 * MiB, kStream1);  // from the cache, each in its stream's lane
   Block* x2 = sim.alloc.malloc(16 * MiB, kStream2);
@@ -96,12 +102,7 @@ TEST_CASE("cached mallocs on two streams stay in their lanes' room under the pea
 TEST_CASE("two streams whose cached mallocs together pass the peak move it exactly, with no other call between",
           "[lanes][stats]") {
   Sim sim;
-  // 64 MiB cached on each stream, after a peak of 64 MiB.
-  Block* a = sim.alloc.malloc(64 * MiB, kStream1);
-  const I peak = static_cast<I>(a->size);
-  sim.alloc.free(a);
-  sim.alloc.free(sim.alloc.malloc(64 * MiB, kStream2));
-  REQUIRE(sim.stats().allocated_bytes[kAll].peak == peak);  // folds, and grants each lane its room
+  const I peak = cache_64_mib_on_two_streams(sim);
   // Each lane alone could take a whole 64 MiB block within the distance to the peak; two at once
   // pass it. So each lane's room must be its share of that distance, not all of it.
   Block* x1 = sim.alloc.malloc(40 * MiB, kStream1);
