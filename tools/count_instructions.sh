@@ -2,8 +2,8 @@
 # Instructions per malloc+free pair on bench_core's one-thread ring (the cached path), counted by
 # callgrind: deterministic, so it serves where the machines are too noisy for nanoseconds. The
 # count is of Ring::run, inclusive: the allocator's malloc and free plus the ring's few
-# instructions of bookkeeping per pair. Builds a Release bench_core without the invariant checker
-# in build/bench. Usage: tools/count_instructions.sh [pairs per run, default 20000]
+# instructions of bookkeeping per pair; then the same for the ring by address (raw_alloc,
+# raw_free). Builds a Release bench_core without the invariant checker in build/bench. Usage: tools/count_instructions.sh [pairs per run, default 20000]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pairs=${1:-20000}
@@ -11,13 +11,18 @@ cmake -S . -B build/bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUMEM_TESTS=OFF
 ninja -C build/bench bench_core >/dev/null
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-valgrind --tool=callgrind --collect-atstart=no "--toggle-collect=*Ring::run*" \
-  --callgrind-out-file="$out/cg" build/bench/bench_core "$pairs" one-thread >"$out/log" 2>&1
-total=$(callgrind_annotate "$out/cg" | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
 # run() is called once for the warm-up and once per measured run (bench_core prints how many), each
-# with `pairs` pairs.
-runs=$(sed -n 's/.*median of \([0-9][0-9]*\) runs.*/\1/p' "$out/log")
-[ -n "$runs" ] || { echo "count_instructions.sh: bench_core did not say how many runs it made" >&2; exit 1; }
-calls=$((runs + 1))
-echo "bench_core one-thread ring: $total instructions in $((calls * pairs)) malloc+free pairs:" \
-  "$(awk -v t="$total" -v n="$((calls * pairs))" 'BEGIN { printf "%.0f", t / n }') per pair"
+# with `pairs` pairs. `count RING LABEL` counts one ring's runs.
+count() {
+  valgrind --tool=callgrind --collect-atstart=no "--toggle-collect=*Ring<*$1>::run*" \
+    --callgrind-out-file="$out/cg" build/bench/bench_core "$pairs" one-thread >"$out/log" 2>&1
+  local total runs calls
+  total=$(callgrind_annotate "$out/cg" | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+  runs=$(sed -n 's/.*median of \([0-9][0-9]*\) runs.*/\1/p' "$out/log")
+  [ -n "$runs" ] || { echo "count_instructions.sh: bench_core did not say how many runs it made" >&2; exit 1; }
+  calls=$((runs + 1))
+  echo "bench_core $2: $total instructions in $((calls * pairs)) malloc+free pairs:" \
+    "$(awk -v t="$total" -v n="$((calls * pairs))" 'BEGIN { printf "%.0f", t / n }') per pair"
+}
+count ByBlock "one-thread ring"
+count ByAddress "one-thread ring by address (raw_alloc, raw_free)"

@@ -45,7 +45,9 @@ struct FreeLink {
   bool red = false;
 };
 
-struct Block {
+// Aligned to a cache line (two lines each): blocks of different streams are worked on by different
+// threads at once (core/lanes.h), and must not share a line.
+struct alignas(64) Block {
   std::uintptr_t addr = 0;
   std::size_t size = 0;
   std::size_t requested = 0;       // bytes the caller asked for; 0 while free (kept while pending)

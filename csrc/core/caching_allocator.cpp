@@ -119,19 +119,15 @@ void CachingAllocator::configure(int index, const AllocatorConfig& config) {
 void* CachingAllocator::raw_alloc(int device, std::size_t size, StreamId stream, std::size_t at_least) {
   Block* block = malloc(device, size, stream, at_least);
   Shard& s = shard(block->ptr());
-  std::lock_guard<std::mutex> lock(s.mutex);
-  s.blocks.emplace(block->ptr(), block);
+  std::lock_guard<Lock> lock(s.lock);
+  s.blocks.insert(block);
   return block->ptr();
 }
 
 Block* CachingAllocator::take_raw(void* ptr) {
   Shard& s = shard(ptr);
-  std::lock_guard<std::mutex> lock(s.mutex);
-  auto it = s.blocks.find(ptr);
-  if (it == s.blocks.end()) return nullptr;
-  Block* block = it->second;
-  s.blocks.erase(it);
-  return block;
+  std::lock_guard<Lock> lock(s.lock);
+  return s.blocks.take(reinterpret_cast<std::uintptr_t>(ptr));
 }
 
 void CachingAllocator::raw_free(void* ptr) {
@@ -142,9 +138,8 @@ void CachingAllocator::raw_free(void* ptr) {
 
 Block* CachingAllocator::find_raw(void* ptr) const {
   Shard& s = shard(ptr);
-  std::lock_guard<std::mutex> lock(s.mutex);
-  auto it = s.blocks.find(ptr);
-  return it == s.blocks.end() ? nullptr : it->second;
+  std::lock_guard<Lock> lock(s.lock);
+  return s.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
 }
 
 bool CachingAllocator::raw_record_stream(void* ptr, StreamId stream) {

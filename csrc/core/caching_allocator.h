@@ -12,10 +12,11 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
+#include "core/address_table.h"
 #include "core/device_allocator.h"
+#include "core/lock.h"
 
 namespace gpumem {
 
@@ -84,9 +85,9 @@ class CachingAllocator {
 
  private:
   static constexpr std::size_t kShards = 16;
-  struct Shard {
-    mutable std::mutex mutex;
-    std::unordered_map<void*, Block*> blocks;
+  struct alignas(64) Shard {
+    mutable Lock lock;
+    AddressTable blocks;
   };
   Shard& shard(const void* ptr) const {
     return shards_[(reinterpret_cast<std::uintptr_t>(ptr) >> 9) % kShards];

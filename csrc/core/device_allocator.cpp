@@ -21,7 +21,7 @@ DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorCo
       plain_(d_),
       growable_(d_, plain_, config.growable),
       release_threshold_(0.0) {
-  mutex_.attach(&d_.stats);
+  mutex_.attach(&d_.stats, &DeviceAllocator::lane_gates, this);
   d_.device_total = d_.backend.total_memory(device);
   check_release_threshold(config.release_threshold);
   if (config.limit && *config.limit > d_.device_total) {
@@ -48,40 +48,44 @@ DeviceAllocator::~DeviceAllocator() {
 // ---- malloc: the fallback chain ----
 
 // The cached path of a stream with a lane: what the chain below does when a cached block fits and
-// no capture or pending event is in the way, under the stream's lane only. Everything it reads to
-// decide changes only under the whole device. What the hand-out adds to the statistics must fit in
-// the lane's room below the peaks (LaneStats); where it might not, the block goes back and the
-// whole device serves the request.
-[[gnu::always_inline]] inline Block* DeviceAllocator::malloc_in_lane(int slot, std::size_t requested,
+// no capture or pending event is in the way (the lane is open), under the stream's lane only. What
+// opens the lane changes only under the whole device. What the hand-out adds to the statistics
+// must fit in the lane's room below the peaks (LaneStats); where it might not, the block goes back
+// and the whole device serves the request.
+[[gnu::always_inline]] inline Block* DeviceAllocator::malloc_in_lane(LaneSlot& slot, std::size_t requested,
                                                                      std::size_t at_least) {
-  LaneGuard guard(mutex_, slot);
-  if (d_.capturing() || !pending_.empty() || d_.stats.any_pending() || requested > SIZE_MAX - kLargeRounding) {
-    return nullptr;
-  }
+  LaneGuard guard(mutex_, *slot.lane);
+  Lane& lane = guard.lane();
+  if (!lane.malloc_open || requested > SIZE_MAX - kLargeRounding) return nullptr;
   const std::size_t size = std::max(round_size(requested), at_least);
-  FreeBins* bins = lane_bins(mutex_.slot(slot), is_small(size));
+  FreeBins* bins = lane_bins(slot, is_small(size));
   if (!bins) return nullptr;
   Block* block = FreeBlocks::take_best_fit_in(*bins, size);
   if (!block) return nullptr;
   const Segment& segment = *block->segment;
-  // The most it adds: the whole block handed out, and (cutting an unsplit block of a plain
-  // segment) a new inactive split block of the rest.
-  const std::size_t rest = block->is_split() || segment.growable ? 0 : block->size - size;
-  if (!guard.lane().stats.hand_out_fits(segment.small ? 0 : 1, block->size, requested, rest)) {
+  // What it adds, as place() will do it: the block handed out, cut to `size` or whole, and (cutting
+  // an unsplit block of a plain segment) a new inactive split block of the rest.
+  const bool cut = cuts(*block, size);
+  const std::size_t rest = cut && !block->is_split() && !segment.growable ? block->size - size : 0;
+  if (!lane.stats.hand_out_fits(segment.small ? 0 : 1, cut ? size : block->size, requested, rest)) {
     FreeBlocks::insert_into(*bins, block);
-    guard.lane().busy = true;
+    lane.wanted = true;
     return nullptr;
   }
-  ++guard.lane().served;
-  guard.lane().busy = true;
-  const InLane in_lane{bins, guard.lane()};
-  return place(block, size, requested, &in_lane);
+  ++lane.served;
+  const InLane in_lane{bins, lane};
+  return place(block, size, requested, cut, &in_lane);
 }
 
 Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size_t at_least) {
-  if (const int slot = mutex_.slot_of(stream); slot >= 0) {
-    if (Block* block = malloc_in_lane(slot, requested, at_least)) return block;
+  if (LaneSlot* slot = mutex_.slot_of(stream)) {
+    if (Block* block = malloc_in_lane(*slot, requested, at_least)) return block;
   }
+  return malloc_on_device(requested, stream, at_least);
+}
+
+[[gnu::noinline]] Block* DeviceAllocator::malloc_on_device(std::size_t requested, StreamId stream,
+                                                           std::size_t at_least) {
   std::lock_guard<DeviceLock> lock(mutex_);
   mutex_.add_stream(stream);
   // While a graph may be capturing, event queries are illegal; blocks wait until it ends, or
@@ -97,7 +101,7 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
   Request r{&pool_for_locked(stream), is_small(size), stream, size};
 
   Block* block = try_cached(*r.pool, r);
-  if (block) return place(block, size, requested, nullptr);
+  if (block) return place(block, size, requested, cuts(*block, size), nullptr);
   measure_outside_locked();
   if (!fits_under(allocated_locked(), size, d_.cap.budget())) throw_oom(requested, size);
   block = memory_for(*r.pool).grow(r);
@@ -116,9 +120,22 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
   }
   if (retried) ++d_.stats.num_alloc_retries;
   if (!block) throw_oom(requested, size, r.device_refused);
-  block = place(block, size, requested, nullptr);
+  block = place(block, size, requested, cuts(*block, size), nullptr);
   if (release_threshold_ > 0.0) apply_release_threshold();
   return block;
+}
+
+LaneGates DeviceAllocator::lane_gates(const void* self) {
+  const auto& a = *static_cast<const DeviceAllocator*>(self);
+  const bool capturing = a.d_.capturing();
+  return {!capturing && a.pending_.empty() && !a.d_.stats.any_pending(),
+          !capturing && a.release_threshold_ == 0.0 && a.d_.cap.reserved() <= a.d_.cap.budget()};
+}
+
+FreeBins* DeviceAllocator::find_lane_bins(LaneSlot& slot, bool small) {
+  FreeBins* bins = d_.default_pool.blocks_for(small).existing_bins(slot.stream);
+  slot.bins[small ? 0 : 1] = bins;
+  return bins;
 }
 
 std::size_t DeviceAllocator::allocated_locked() const {
@@ -132,22 +149,21 @@ Pool& DeviceAllocator::targeted_pool_locked(StreamId stream) {
   return d_.default_pool;
 }
 
-// Hands out the front of `block`, returning the rest to the pool when it is worth keeping and the
-// pool splits blocks. The pool's no_split is read only when a split is due, so the common path of
-// an exact or near fit reads nothing more than before.
+// Hands out the front of `block`, returning the rest to the pool where `cut` (cuts(): the rest is
+// worth keeping and the pool splits blocks).
 //
 // Inactive split blocks change as native counts them: a split block that is cut gives the caller
 // `size` bytes (it stays one inactive split block); an unsplit one that is cut leaves a new one,
 // its rest; a split block handed out whole is one fewer.
 // Inline in malloc: it runs on every allocation.
 [[gnu::always_inline]] inline Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t requested,
-                                                            const InLane* lane) {
+                                                            bool cut, const InLane* lane) {
   const Segment& segment = *block->segment;
   const bool small = segment.small;
   const bool was_split = block->is_split();
   std::int64_t split_blocks = 0;  // the net change of inactive split blocks
   std::int64_t split_bytes = 0;
-  if (should_split(block->size, size) && !segment.pool->no_split) {
+  if (cut) {
     Block* rest = split_block(block, size, lane ? lane->lane.arena : d_.arena);
     if (lane) {
       FreeBlocks::insert_into(*lane->bins, rest);
@@ -207,34 +223,35 @@ void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size, bool de
 // ---- free ----
 
 // The cached free of a stream with a lane: a block no other stream used, of the default pool,
-// while nothing (a capture, the limit passed, a release threshold) asks for more than the free set,
-// and the most the free can add to the inactive split blocks (one block, of its own size) fits in
-// the lane's room.
-[[gnu::always_inline]] inline bool DeviceAllocator::free_in_lane(int slot, Block* block) {
-  LaneGuard guard(mutex_, slot);
-  if (!block->allocated || !block->stream_uses.empty() || d_.capturing() || release_threshold_ != 0.0 ||
-      d_.cap.reserved() > d_.cap.budget()) {
-    return false;
-  }
+// while the lane is open (no capture, the limit not passed, no release threshold: nothing asks for
+// more than the free set), and the most the free can add to the inactive split blocks (its own
+// size, and one block unless it joins a free neighbour) fits in the lane's room.
+[[gnu::always_inline]] inline bool DeviceAllocator::free_in_lane(LaneSlot& slot, Block* block) {
+  LaneGuard guard(mutex_, *slot.lane);
+  Lane& lane = guard.lane();
+  if (!lane.free_open || !block->allocated || !block->stream_uses.empty()) return false;
   const Segment& segment = *block->segment;
   if (segment.pool != &d_.default_pool) return false;
-  if (!segment.growable && !guard.lane().stats.free_fits(segment.small ? 0 : 1, block->size)) {
-    guard.lane().busy = true;
+  if (!segment.growable && !lane.stats.free_fits(segment.small ? 0 : 1, block->size, joins_a_free_neighbour(block))) {
+    lane.wanted = true;
     return false;
   }
-  FreeBins* bins = lane_bins(mutex_.slot(slot), segment.small);
+  FreeBins* bins = lane_bins(slot, segment.small);
   if (!bins) return false;
   block->allocated = false;
-  ++guard.lane().served;
-  guard.lane().busy = true;
-  const InLane in_lane{bins, guard.lane()};
+  ++lane.served;
+  const InLane in_lane{bins, lane};
   free_block(block, &in_lane, true);
   debug_check();
   return true;
 }
 
 void DeviceAllocator::free(Block* block) {
-  if (const int slot = mutex_.slot_of(block->stream); slot >= 0 && free_in_lane(slot, block)) return;
+  if (LaneSlot* slot = mutex_.slot_of(block->stream); slot && free_in_lane(*slot, block)) return;
+  free_on_device(block);
+}
+
+[[gnu::noinline]] void DeviceAllocator::free_on_device(Block* block) {
   std::lock_guard<DeviceLock> lock(mutex_);
   if (!block->allocated) throw std::logic_error("gpumem: block freed twice or never allocated");
   block->allocated = false;

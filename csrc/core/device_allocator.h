@@ -216,16 +216,22 @@ class DeviceAllocator {
   MemorySource& memory_of(const Segment& segment) { return segment.growable ? static_cast<MemorySource&>(growable_) : plain_; }
   Block* try_use_on_oom_pools(const Request& r);
   // The cached path of a stream with a lane (core/lanes.h), under that lane only: nullptr, or
-  // false, changing nothing, where the request needs the whole device (no cached block fits, a
-  // capture, pending events, the limit passed, a release threshold, another pool, stream uses).
-  inline Block* malloc_in_lane(int slot, std::size_t requested, std::size_t at_least);
-  inline bool free_in_lane(int slot, Block* block);
+  // false, changing nothing, where the request needs the whole device (the lane is closed: a
+  // capture, pending events, the limit passed, a release threshold; no cached block fits; the
+  // room does not hold it; another pool; stream uses).
+  inline Block* malloc_in_lane(LaneSlot& slot, std::size_t requested, std::size_t at_least);
+  inline bool free_in_lane(LaneSlot& slot, Block* block);
+  // The chain and the free under the whole device (what the lanes could not serve).
+  Block* malloc_on_device(std::size_t requested, StreamId stream, std::size_t at_least);
+  void free_on_device(Block* block);
+  // What the lanes may serve now (DeviceLock::attach): read whenever the whole device is let go.
+  static LaneGates lane_gates(const void* self);
   // The default pool's bins of the slot's stream, found once; nullptr if it has none yet.
   FreeBins* lane_bins(LaneSlot& slot, bool small) {
-    FreeBins*& bins = slot.bins[small ? 0 : 1];
-    if (!bins) bins = d_.default_pool.blocks_for(small).existing_bins(slot.stream);
-    return bins;
+    FreeBins* bins = slot.bins[small ? 0 : 1];
+    return bins ? bins : find_lane_bins(slot, small);
   }
+  FreeBins* find_lane_bins(LaneSlot& slot, bool small);
   // place and free_block run on every cached malloc and free: inline, in device_allocator.cpp only.
   // `lane`: the caller's lane, whose bins (of the block's stream), arena and share of the
   // statistics are used; nullptr under the whole device (the pool's set, the device's arena, the
@@ -234,7 +240,12 @@ class DeviceAllocator {
     FreeBins* bins;
     Lane& lane;
   };
-  inline Block* place(Block* block, std::size_t size, std::size_t requested, const InLane* lane);
+  inline Block* place(Block* block, std::size_t size, std::size_t requested, bool cut, const InLane* lane);
+  // Whether handing out `size` bytes of free `block` cuts it: the rest is worth keeping and the pool
+  // splits blocks (its no_split is read only when a split is due).
+  static bool cuts(const Block& block, std::size_t size) {
+    return should_split(block.size, size) && !block.segment->pool->no_split;
+  }
   // `device_refused`: the device, not the cap, refused new memory for the request.
   [[noreturn]] void throw_oom(std::size_t requested, std::size_t size, bool device_refused = false);
 

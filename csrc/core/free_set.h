@@ -80,7 +80,7 @@ class FreeBlocks {
   static constexpr unsigned kExactClasses = kSmallSize / kMinBlockSize;
   static constexpr unsigned kClasses = kExactClasses + (64 - 20) * 16;
   static unsigned class_of(std::size_t size) {
-    if (size <= kSmallSize) return size <= kMinBlockSize ? 0 : static_cast<unsigned>((size - 1) / kMinBlockSize);
+    if (size <= kSmallSize) return static_cast<unsigned>((size - 1) / kMinBlockSize);  // sizes are at least 1
     const unsigned log2 = 63 - static_cast<unsigned>(__builtin_clzll(size));  // 20 or more
     const auto sub = static_cast<unsigned>(size >> (log2 - 4)) & 15;           // the 4 bits below the top one
     return kExactClasses + (log2 - 20) * 16 + sub;

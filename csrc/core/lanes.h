@@ -44,20 +44,34 @@
 
 namespace gpumem {
 
-// One stream's share of the cached path: its lock and its spare blocks.
-struct alignas(64) Lane {
+// One stream's share of the cached path: its lock, whether the cached path may run, its spare
+// blocks and its share of the statistics.
+struct alignas(128) Lane {
   Lock lock;
+  // Set whenever the whole device is let go (DeviceLock::unlock), from what only the whole device
+  // changes: whether a cached malloc, and a cached free, may run in the lane now (LaneGates).
+  bool malloc_open = false;
+  bool free_open = false;
+  bool wanted = false;       // its cached path wanted room it lacked since the last grant
   BlockArena arena;
-  LaneStats stats;  // its changes to the statistics since the whole device last held it
+  LaneStats stats;           // its changes to the statistics since the whole device last held it
   std::uint64_t served = 0;  // mallocs and frees its cached path served
-  bool busy = false;         // its cached path ran, or wanted room, since the last grant
+  std::uint64_t served_at_grant = 0;  // `served` at the last grant: it was busy since if they differ
+  std::uint64_t served_at_fold = 0;   // `served` at the last fold: its share changed since if they differ
 };
 
-// A stream with a lane, and the default pool's free bins of that stream, found once (they live as
-// long as the pool). Written under the lane's lock.
+// A stream with a lane, its lane, and the default pool's free bins of that stream, found once
+// (they live as long as the pool). Written under the lane's lock.
 struct alignas(64) LaneSlot {
   StreamId stream = 0;
+  Lane* lane = nullptr;
   FreeBins* bins[2] = {nullptr, nullptr};  // small, large
+};
+
+// What the owner of the lanes says, each time the whole device is let go, about its state then.
+struct LaneGates {
+  bool malloc_open;  // a cached malloc may run in a lane: no capture, no block pending on a stream
+  bool free_open;    // a cached free may: no capture, no release threshold, reserved within the budget
 };
 
 class DeviceLock {
@@ -65,79 +79,103 @@ class DeviceLock {
   static constexpr int kLanes = 8;
   static constexpr int kSlots = 32;
 
-  DeviceLock() = default;
+  DeviceLock() {
+    for (int i = 0; i < kSlots; ++i) slots_[i].lane = &lanes_[i % kLanes];
+  }
   DeviceLock(const DeviceLock&) = delete;
   DeviceLock& operator=(const DeviceLock&) = delete;
 
-  // The statistics the lanes' changes belong to; set once, before any lock().
-  void attach(StatLedger* ledger) { ledger_ = ledger; }
+  // The statistics the lanes' changes belong to, and what says whether the cached path may run
+  // (called with `owner` whenever the whole device is let go); set once, before any lock(). Until
+  // the first unlock() every lane is closed.
+  void attach(StatLedger* ledger, LaneGates (*gates)(const void* owner), const void* owner) {
+    ledger_ = ledger;
+    gates_ = gates;
+    owner_ = owner;
+  }
 
   // The whole device: for std::lock_guard. Taking it folds the lanes' statistics into the ledger,
-  // so that what runs under it reads and changes exact figures; letting it go grants the lanes
-  // their room again.
+  // so that what runs under it reads and changes exact figures; letting it go opens or closes the
+  // lanes' cached paths and grants the lanes their room again.
   void lock() {
     device_.lock();
     for (Lane& lane : lanes_) lane.lock.lock();
     fold();
   }
   void unlock() {
-    fold();  // a lane's cached path may have run under the whole device (LaneGuard, checker builds)
+#if GPUMEM_CHECK_INVARIANTS
+    fold();  // a lane's cached path may have run under the whole device (LaneGuard)
+#endif
     grant();
     for (int i = kLanes - 1; i >= 0; --i) lanes_[i].lock.unlock();
     device_.unlock();
   }
-  // Under the whole device: the lanes' changes into the ledger (for the invariant checker).
+  // Under the whole device: the lanes' changes into the ledger.
   void fold() {
-    for (Lane& lane : lanes_) ledger_->fold(lane.stats);
+    for (Lane& lane : lanes_) {
+      if (lane.served == lane.served_at_fold) continue;
+      ledger_->fold(lane.stats);
+      lane.served_at_fold = lane.served;
+    }
   }
 
-  // The slot of `stream`, or -1 if it has none. Takes no lock.
-  int slot_of(StreamId stream) const {
-    const int count = count_.load(std::memory_order_acquire);
-    for (int i = 0; i < count; ++i) {
-      if (slots_[i].stream == stream) return i;
+  // The slot of `stream`, or nullptr if it has none. Takes no lock.
+  LaneSlot* slot_of(StreamId stream) {
+    LaneSlot* const end = slots_ + count_.load(std::memory_order_acquire);
+    for (LaneSlot* slot = slots_; slot != end; ++slot) {
+      if (slot->stream == stream) return slot;
     }
-    return -1;
+    return nullptr;
   }
   // Gives `stream` a slot if it has none and one is left. Only under lock().
   void add_stream(StreamId stream) {
     const int count = count_.load(std::memory_order_relaxed);
-    if (count == kSlots || slot_of(stream) >= 0) return;
+    if (count == kSlots || slot_of(stream)) return;
     slots_[count].stream = stream;
     count_.store(count + 1, std::memory_order_release);
   }
-  Lane& lane_of_slot(int slot) { return lanes_[slot % kLanes]; }
   // Under the whole device: the mallocs and frees the lanes' cached paths served so far.
   std::uint64_t served() const {
     std::uint64_t total = 0;
     for (const Lane& lane : lanes_) total += lane.served;
     return total;
   }
-  LaneSlot& slot(int slot) { return slots_[slot]; }
 
  private:
-  // The lanes that were busy since the last grant share the room below each peak equally; the
-  // others get none until they ask (a lane that wants room it lacks goes to the whole device once,
-  // and is busy at the next grant). If none was busy, every lane with a stream shares it.
+  // Opens or closes every lane's cached path, and shares the room below each peak: the lanes that
+  // were busy since the last grant share it equally; the others get none until they ask (a lane
+  // that wants room it lacks goes to the whole device once, and is busy at the next grant). If
+  // none was busy, every lane with a stream shares it.
   void grant() {
+    const LaneGates gates = gates_(owner_);
     const int used = std::min(count_.load(std::memory_order_relaxed), kLanes);
+    for (int i = 0; i < used; ++i) {
+      lanes_[i].malloc_open = gates.malloc_open;
+      lanes_[i].free_open = gates.free_open;
+    }
     if (used == 0) return;
     int busy = 0;
-    for (int i = 0; i < used; ++i) busy += lanes_[i].busy ? 1 : 0;
+    for (int i = 0; i < used; ++i) busy += is_busy(lanes_[i]) ? 1 : 0;
     std::int64_t room[LaneStats::kFigures][3];
     ledger_->room(busy > 0 ? busy : used, room);
     for (int i = 0; i < used; ++i) {
       Lane& lane = lanes_[i];
-      if (busy == 0 || lane.busy) {
-        std::memcpy(lane.stats.room, room, sizeof room);
+      if (busy == 0 || is_busy(lane)) {
+        lane.stats.grant(room);
       } else {
-        std::memset(lane.stats.room, 0, sizeof lane.stats.room);
+        lane.stats.grant(kNoRoom);
       }
-      lane.busy = false;
+      lane.wanted = false;
+      lane.served_at_grant = lane.served;
     }
   }
+  static bool is_busy(const Lane& lane) { return lane.wanted || lane.served != lane.served_at_grant; }
+
+  static constexpr std::int64_t kNoRoom[LaneStats::kFigures][3] = {};
 
   StatLedger* ledger_ = nullptr;
+  LaneGates (*gates_)(const void*) = nullptr;
+  const void* owner_ = nullptr;
   Lock device_;
   Lane lanes_[kLanes];
   LaneSlot slots_[kSlots];
@@ -149,26 +187,21 @@ class DeviceLock {
 // is only sound while nothing else runs.
 class LaneGuard {
  public:
-  LaneGuard(DeviceLock& device, int slot) : device_(device), lane_(device.lane_of_slot(slot)) {
 #if GPUMEM_CHECK_INVARIANTS
-    device_.lock();
+  LaneGuard(DeviceLock& device, Lane& lane) : device_(device), lane_(lane) { device_.lock(); }
+  ~LaneGuard() { device_.unlock(); }
 #else
-    lane_.lock.lock();
+  LaneGuard(DeviceLock&, Lane& lane) : lane_(lane) { lane_.lock.lock(); }
+  ~LaneGuard() { lane_.lock.unlock(); }
 #endif
-  }
-  ~LaneGuard() {
-#if GPUMEM_CHECK_INVARIANTS
-    device_.unlock();
-#else
-    lane_.lock.unlock();
-#endif
-  }
   LaneGuard(const LaneGuard&) = delete;
   LaneGuard& operator=(const LaneGuard&) = delete;
   Lane& lane() { return lane_; }
 
  private:
+#if GPUMEM_CHECK_INVARIANTS
   DeviceLock& device_;
+#endif
   Lane& lane_;
 };
 

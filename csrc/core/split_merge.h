@@ -47,6 +47,14 @@ inline void absorb(Block* earlier, Block* later, BlockArena& arena) {
 
 }  // namespace split_merge_detail
 
+// Whether merge_free_neighbours would fold a neighbour into `block`.
+inline bool joins_a_free_neighbour(const Block* block) {
+  const Block* next = block->next;
+  const Block* prev = block->prev;
+  return (next && next->is_free() && next->mapped == block->mapped) ||
+         (prev && prev->is_free() && prev->mapped == block->mapped);
+}
+
 // Merges `block` (free, not in any set) with its free neighbours of the same state (mapped or not),
 // taking them out of `blocks`, the set of that state.
 inline Merge merge_free_neighbours(Block* block, FreeBlocks& blocks, BlockArena& arena) {

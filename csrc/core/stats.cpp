@@ -44,17 +44,15 @@ StatLedger::Figure& StatLedger::lane_figure(int f) {
 }
 
 void StatLedger::fold(LaneStats& lane) {
-  if (!lane.touched) return;
   for (int f = 0; f < LaneStats::kFigures; ++f) {
     Figure& figure = lane_figure(f);
     for (int t = 0; t < 2; ++t) {
-      figure.current[t] += lane.current[f][t];
+      figure.current[t] += lane.change_of(f, t);
       figure.decreased[t] += lane.decreased[f][t];
-      lane.current[f][t] = 0;
       lane.decreased[f][t] = 0;
     }
   }
-  lane.touched = false;
+  lane.clear_change();
 }
 
 void StatLedger::room(int lanes, std::int64_t (&room)[LaneStats::kFigures][3]) const {

@@ -16,6 +16,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -83,16 +84,29 @@ inline void increase_stat(StatArray& stat, bool small_pool, std::int64_t amount)
 
 // What one lane's cached path (core/lanes.h) changed of the figures a cached malloc or free moves,
 // since the whole device last folded it into the StatLedger, and how far it may raise each on its
-// own: its room. The ledger grants the rooms (StatLedger::grant) so that the lanes together can
-// never pass a peak: a change that does not fit is made under the whole device instead, where the
-// ledger is exact and moves the peak. So the peaks stay exact though no lane writes shared state.
-// Written only under the lane's lock, or under the whole device.
+// own: its room. The ledger grants the rooms (StatLedger::room) so that the lanes together can
+// never pass a peak, a pool's or the whole's: a change that does not fit is made under the whole
+// device instead, where the ledger is exact and moves the peak. So the peaks stay exact though no
+// lane writes shared state. Written only under the lane's lock, or under the whole device; whether
+// it changed since the last fold is the lane's to know (Lane::served).
 struct LaneStats {
   enum Figure : int { kAllocation, kAllocatedBytes, kRequestedBytes, kInactiveSplit, kInactiveSplitBytes, kFigures };
-  std::int64_t current[kFigures][2] = {};    // this lane's change to each pool's current; may be negative
+  // What the lane was granted: the most its change to each pool's current ([0] small, [1] large)
+  // and to their sum ([2]) may reach. Its change is room - left: it is kept as what is left of the
+  // room, so that a check is one compare and a change one subtraction.
+  std::int64_t room[kFigures][3] = {};
+  std::int64_t left[kFigures][3] = {};       // room less the lane's change; above room after decreases
   std::int64_t decreased[kFigures][2] = {};  // its decreases, for the accumulated figures
-  std::int64_t room[kFigures][3] = {};       // the most current[f][t] may reach, and [2]: the two pools' sum
-  bool touched = false;                      // changed since the last fold
+
+  // The lane's change to a pool's current ([2]: to the sum) since the last grant or fold.
+  std::int64_t change_of(int f, int i) const { return room[f][i] - left[f][i]; }
+  // A new room, with no change yet (at a grant, after the fold).
+  void grant(const std::int64_t (&granted)[kFigures][3]) {
+    std::memcpy(room, granted, sizeof room);
+    std::memcpy(left, granted, sizeof left);
+  }
+  // No change since: what is left is the room again (after a fold).
+  void clear_change() { std::memcpy(left, room, sizeof left); }
 
   // The ledger's events of the cached path (StatLedger::hand_out, release, settle, split_change),
   // on the lane's share; `t` is the pool: 0 small, 1 large.
@@ -100,21 +114,15 @@ struct LaneStats {
     increase(kAllocation, t, 1);
     increase(kAllocatedBytes, t, static_cast<std::int64_t>(size));
     increase(kRequestedBytes, t, static_cast<std::int64_t>(requested));
-    touched = true;
   }
   void release(int t, std::size_t size) {
     decrease(kAllocation, t, 1);
     decrease(kAllocatedBytes, t, static_cast<std::int64_t>(size));
-    touched = true;
   }
-  void settle(int t, std::size_t requested) {
-    decrease(kRequestedBytes, t, static_cast<std::int64_t>(requested));
-    touched = true;
-  }
+  void settle(int t, std::size_t requested) { decrease(kRequestedBytes, t, static_cast<std::int64_t>(requested)); }
   void split_change(int t, std::int64_t blocks, std::int64_t bytes) {
     change(kInactiveSplit, t, blocks);
     change(kInactiveSplitBytes, t, bytes);
-    touched = true;
   }
   // Whether the room holds the most a cached malloc can add: a hand-out of up to `size` bytes,
   // `requested` asked, and, where `rest` > 0, a new inactive split block of up to `rest` bytes.
@@ -123,18 +131,21 @@ struct LaneStats {
            fits(kRequestedBytes, t, static_cast<std::int64_t>(requested)) &&
            (rest == 0 || (fits(kInactiveSplit, t, 1) && fits(kInactiveSplitBytes, t, static_cast<std::int64_t>(rest))));
   }
-  // The most a cached free can add: one inactive split block of the freed block's `size`.
-  bool free_fits(int t, std::size_t size) const {
-    return fits(kInactiveSplit, t, 1) && fits(kInactiveSplitBytes, t, static_cast<std::int64_t>(size));
+  // The most a cached free can add: the freed block's `size` to the inactive split bytes, and one
+  // inactive split block unless it `joins` a free neighbour (then the blocks do not grow).
+  bool free_fits(int t, std::size_t size, bool joins) const {
+    return (joins || fits(kInactiveSplit, t, 1)) && fits(kInactiveSplitBytes, t, static_cast<std::int64_t>(size));
   }
 
  private:
-  bool fits(int f, int t, std::int64_t amount) const {
-    return current[f][t] + amount <= room[f][t] && current[f][0] + current[f][1] + amount <= room[f][2];
+  bool fits(int f, int t, std::int64_t amount) const { return left[f][t] >= amount && left[f][2] >= amount; }
+  void increase(int f, int t, std::int64_t amount) {
+    left[f][t] -= amount;
+    left[f][2] -= amount;
   }
-  void increase(int f, int t, std::int64_t amount) { current[f][t] += amount; }
   void decrease(int f, int t, std::int64_t amount) {
-    current[f][t] -= amount;
+    left[f][t] += amount;
+    left[f][2] += amount;
     decreased[f][t] += amount;
   }
   void change(int f, int t, std::int64_t amount) {

@@ -319,3 +319,74 @@ TEST_CASE("threads on their own streams end with the statistics of what they sti
   }
   sim.alloc.check_invariants();
 }
+
+namespace {
+
+// How many of the calls `run` makes the lanes served.
+template <class Run>
+std::uint64_t served_in_lanes_by(Sim& sim, Run run) {
+  const std::uint64_t before = sim.alloc.served_in_lanes();
+  run();
+  return sim.alloc.served_in_lanes() - before;
+}
+
+// A cached malloc and free of 4 MiB on stream 1: both served in its lane while it is open.
+void cached_pair(Sim& sim) { sim.alloc.free(sim.alloc.malloc(4 * MiB, kStream1)); }
+
+}  // namespace
+
+TEST_CASE("the lanes close while the whole device must see a call: a release threshold, a pending block, the limit passed, a capture",
+          "[lanes]") {
+  Sim sim;
+  // A cache and peaks to run under: a 20 MiB segment split into a held 2 MiB block and, after an
+  // 8 MiB block came and went, 18 MiB free. A 4 MiB pair cut from it then fits every lane's room.
+  Block* kept = sim.alloc.malloc(2 * MiB, kStream1);
+  sim.alloc.free(sim.alloc.malloc(8 * MiB, kStream1));
+  REQUIRE(served_in_lanes_by(sim, [&] { cached_pair(sim); }) == 2);
+
+  SECTION("a release threshold: frees go to the whole device, which applies it") {
+    sim.alloc.set_release_threshold(0.9);
+    REQUIRE(served_in_lanes_by(sim, [&] { cached_pair(sim); }) == 1);  // the malloc only
+    sim.alloc.set_release_threshold(0.0);
+    REQUIRE(served_in_lanes_by(sim, [&] { cached_pair(sim); }) == 2);
+  }
+  SECTION("a block pending on another stream: mallocs go to the whole device, which looks at its events") {
+    Block* shared = sim.alloc.malloc(MiB, kStream1);
+    sim.alloc.record_stream(shared, kStream2);
+    sim.alloc.free(shared);
+    REQUIRE(served_in_lanes_by(sim, [&] { cached_pair(sim); }) == 1);  // the free only: the event is not done
+    REQUIRE(sim.stats().active[kAll].current == 2);  // the kept block, and the shared one
+    sim.backend.complete_events();
+    // The next malloc still goes to the whole device, which finds the event done and opens the lanes.
+    REQUIRE(served_in_lanes_by(sim, [&] { cached_pair(sim); }) == 1);
+    REQUIRE(sim.stats().active[kAll].current == 1);
+    REQUIRE(served_in_lanes_by(sim, [&] { cached_pair(sim); }) == 2);
+  }
+  SECTION("reserved above a lowered limit: the free goes to the whole device, which gives the memory back") {
+    Block* held = sim.alloc.malloc(8 * MiB, kStream1);
+    sim.alloc.set_limit(std::size_t{4} * MiB);  // the segment of the held blocks stays: reserved is above it
+    REQUIRE(sim.alloc.reserved() > sim.alloc.limit());
+    REQUIRE(served_in_lanes_by(sim, [&] {
+              sim.alloc.free(held);
+              sim.alloc.free(kept);
+            }) == 0);
+    kept = nullptr;
+    REQUIRE(sim.alloc.reserved() <= sim.alloc.limit());
+    REQUIRE(sim.ledger().in_use == sim.alloc.reserved());
+  }
+  SECTION("a pool target (a graph may be capturing): neither goes to a lane, and the block is the pool's") {
+    const PoolId pool{1, 1};
+    sim.alloc.create_pool(pool);
+    sim.alloc.begin_allocate_to_pool(pool, [](StreamId s) { return s == kStream1; });
+    REQUIRE(served_in_lanes_by(sim, [&] {
+              Block* in_pool = sim.alloc.malloc(4 * MiB, kStream1);
+              REQUIRE(sim.segment_of(in_pool).pool == pool);
+              sim.alloc.free(in_pool);
+            }) == 0);
+    sim.alloc.end_allocate_to_pool(pool);
+    sim.alloc.release_pool(pool);
+    REQUIRE(served_in_lanes_by(sim, [&] { cached_pair(sim); }) == 2);
+  }
+  if (kept) sim.alloc.free(kept);
+  sim.alloc.check_invariants();
+}
