@@ -50,7 +50,8 @@ class AddressTable {
     std::uintptr_t addr = 0;
     Block* block = nullptr;  // nullptr: the slot is empty
   };
-  static constexpr std::size_t kInitialSlots = 64;  // a power of two
+  static constexpr unsigned kInitialBits = 6;
+  static constexpr std::size_t kInitialSlots = std::size_t{1} << kInitialBits;
 
   std::size_t home(std::uintptr_t addr) const {
     return static_cast<std::size_t>(((addr >> 9) * 0x9E3779B97F4A7C15ull) >> shift_);
@@ -67,7 +68,7 @@ class AddressTable {
 
   std::vector<Slot> slots_;
   std::size_t count_ = 0;
-  unsigned shift_ = 64 - 6;  // 64 - log2(slots_.size())
+  unsigned shift_ = 64 - kInitialBits;  // 64 - log2(slots_.size())
 };
 
 }  // namespace gpumem

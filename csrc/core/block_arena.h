@@ -23,6 +23,11 @@ class BlockArena {
     spare_ = block->next;
     return block;
   }
+  // Makes sure the next make() allocates nothing (so cannot throw): for a caller that must not
+  // fail once it has begun to change things.
+  void keep_one() {
+    if (!spare_) grow();
+  }
   // `block` must be in the free state.
   void recycle(Block* block) {
     block->next = spare_;

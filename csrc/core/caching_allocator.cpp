@@ -119,8 +119,13 @@ void CachingAllocator::configure(int index, const AllocatorConfig& config) {
 void* CachingAllocator::raw_alloc(int device, std::size_t size, StreamId stream, std::size_t at_least) {
   Block* block = malloc(device, size, stream, at_least);
   Shard& s = shard(block->ptr());
-  std::lock_guard<Lock> lock(s.lock);
-  s.blocks.insert(block);
+  try {
+    std::lock_guard<Lock> lock(s.lock);
+    s.blocks.insert(block);  // may grow the table, which may fail: then the block goes back
+  } catch (...) {
+    free(block);
+    throw;
+  }
   return block->ptr();
 }
 

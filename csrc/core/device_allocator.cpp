@@ -57,6 +57,7 @@ DeviceAllocator::~DeviceAllocator() {
   LaneGuard guard(mutex_, *slot.lane);
   Lane& lane = guard.lane();
   if (!lane.malloc_open || requested > SIZE_MAX - kLargeRounding) return nullptr;
+  lane.arena.keep_one();  // a cut's Block: if that allocation fails, nothing has changed yet
   const std::size_t size = std::max(round_size(requested), at_least);
   FreeBins* bins = lane_bins(slot, is_small(size));
   if (!bins) return nullptr;
@@ -100,6 +101,7 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
   const std::size_t size = std::max(round_size(requested), at_least);
   Request r{&pool_for_locked(stream), is_small(size), stream, size};
 
+  d_.arena.keep_one();  // as in the lanes: before a cached block leaves the free set
   Block* block = try_cached(*r.pool, r);
   if (block) return place(block, size, requested, cuts(*block, size), nullptr);
   measure_outside_locked();
@@ -224,15 +226,17 @@ void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size, bool de
 
 // The cached free of a stream with a lane: a block no other stream used, of the default pool,
 // while the lane is open (no capture, the limit not passed, no release threshold: nothing asks for
-// more than the free set), and the most the free can add to the inactive split blocks (its own
-// size, and one block unless it joins a free neighbour) fits in the lane's room.
+// more than the free set), and the most the free can add to the inactive split blocks (for a split
+// block, its own size, and one block unless it joins a free neighbour) fits in the lane's room.
 [[gnu::always_inline]] inline bool DeviceAllocator::free_in_lane(LaneSlot& slot, Block* block) {
   LaneGuard guard(mutex_, *slot.lane);
   Lane& lane = guard.lane();
   if (!lane.free_open || !block->allocated || !block->stream_uses.empty()) return false;
   const Segment& segment = *block->segment;
   if (segment.pool != &d_.default_pool) return false;
-  if (!segment.growable && !lane.stats.free_fits(segment.small ? 0 : 1, block->size, joins_a_free_neighbour(block))) {
+  // An unsplit block is its whole segment: its free adds no inactive split block.
+  if (!segment.growable && block->is_split() &&
+      !lane.stats.free_fits(segment.small ? 0 : 1, block->size, joins_a_free_neighbour(block))) {
     lane.wanted = true;
     return false;
   }

@@ -110,7 +110,9 @@ class DeviceLock {
     for (int i = kLanes - 1; i >= 0; --i) lanes_[i].lock.unlock();
     device_.unlock();
   }
-  // Under the whole device: the lanes' changes into the ledger.
+  // Under the whole device: the lanes' changes into the ledger. A lane whose `served` did not move
+  // since its last fold is skipped: its statistics change only on a call it serves (the cached path
+  // counts the call before it changes them, and changes nothing on a call it gives up).
   void fold() {
     for (Lane& lane : lanes_) {
       if (lane.served == lane.served_at_fold) continue;

@@ -390,3 +390,18 @@ TEST_CASE("the lanes close while the whole device must see a call: a release thr
   if (kept) sim.alloc.free(kept);
   sim.alloc.check_invariants();
 }
+
+TEST_CASE("a block that is its whole segment is freed in its lane, with no inactive split blocks ever counted", "[lanes]") {
+  Sim sim;
+  Block* whole = sim.alloc.malloc(12 * MiB, kStream1);  // 10 MiB and more: a segment of its own
+  REQUIRE(sim.snapshot().size() == 1);
+  REQUIRE(sim.snapshot()[0].blocks.size() == 1);
+  sim.alloc.free(whole);  // the whole device's: the stream had no free blocks of the pool before
+  // The inactive split figures are at their peak (0), so a free that could add one would not fit.
+  REQUIRE(served_in_lanes_by(sim, [&] { sim.alloc.free(sim.alloc.malloc(12 * MiB, kStream1)); }) == 2);
+  const DeviceStats s = sim.stats();
+  REQUIRE(s.inactive_split[kAll].peak == 0);
+  REQUIRE(s.inactive_split_bytes[kAll].peak == 0);
+  REQUIRE(s.allocated_bytes[kAll].peak == static_cast<I>(12 * MiB));
+  sim.alloc.check_invariants();
+}
