@@ -18,7 +18,7 @@ namespace gpumem {
 class BlockArena {
  public:
   Block* make() {
-    if (!spare_) grow();
+    keep_one();
     Block* block = spare_;
     spare_ = block->next;
     return block;

@@ -64,18 +64,20 @@ DeviceAllocator::~DeviceAllocator() {
   Block* block = FreeBlocks::take_best_fit_in(*bins, size);
   if (!block) return nullptr;
   const Segment& segment = *block->segment;
-  // What it adds, as place() will do it: the block handed out, cut to `size` or whole, and (cutting
-  // an unsplit block of a plain segment) a new inactive split block of the rest.
+  // What it adds, as place() will do it: the block handed out, cut to `size` or whole, and where the
+  // cut leaves a new inactive split block (counted in plain segments only), that block; the other
+  // changes to the inactive split blocks are decreases, which always fit.
   const bool cut = cuts(*block, size);
-  const std::size_t rest = cut && !block->is_split() && !segment.growable ? block->size - size : 0;
-  if (!lane.stats.hand_out_fits(segment.small ? 0 : 1, cut ? size : block->size, requested, rest)) {
+  const SplitChange split = split_change_of(*block, size, cut);
+  const std::size_t new_split = split.blocks > 0 && !segment.growable ? static_cast<std::size_t>(split.bytes) : 0;
+  if (!lane.stats.hand_out_fits(segment.small ? 0 : 1, cut ? size : block->size, requested, new_split)) {
     FreeBlocks::insert_into(*bins, block);
     lane.wanted = true;
     return nullptr;
   }
   ++lane.served;
   const InLane in_lane{bins, lane};
-  return place(block, size, requested, cut, &in_lane);
+  return place(block, size, requested, cut, split, &in_lane);
 }
 
 Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size_t at_least) {
@@ -103,7 +105,7 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
 
   d_.arena.keep_one();  // as in the lanes: before a cached block leaves the free set
   Block* block = try_cached(*r.pool, r);
-  if (block) return place(block, size, requested, cuts(*block, size), nullptr);
+  if (block) return place(block, size, requested, nullptr);
   measure_outside_locked();
   if (!fits_under(allocated_locked(), size, d_.cap.budget())) throw_oom(requested, size);
   block = memory_for(*r.pool).grow(r);
@@ -122,7 +124,7 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
   }
   if (retried) ++d_.stats.num_alloc_retries;
   if (!block) throw_oom(requested, size, r.device_refused);
-  block = place(block, size, requested, cuts(*block, size), nullptr);
+  block = place(block, size, requested, nullptr);
   if (release_threshold_ > 0.0) apply_release_threshold();
   return block;
 }
@@ -152,19 +154,13 @@ Pool& DeviceAllocator::targeted_pool_locked(StreamId stream) {
 }
 
 // Hands out the front of `block`, returning the rest to the pool where `cut` (cuts(): the rest is
-// worth keeping and the pool splits blocks).
-//
-// Inactive split blocks change as native counts them: a split block that is cut gives the caller
-// `size` bytes (it stays one inactive split block); an unsplit one that is cut leaves a new one,
-// its rest; a split block handed out whole is one fewer.
+// worth keeping and the pool splits blocks); the inactive split blocks change by `split`
+// (split_change_of, found before the cut).
 // Inline in malloc: it runs on every allocation.
 [[gnu::always_inline]] inline Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t requested,
-                                                            bool cut, const InLane* lane) {
+                                                            bool cut, SplitChange split, const InLane* lane) {
   const Segment& segment = *block->segment;
   const bool small = segment.small;
-  const bool was_split = block->is_split();
-  std::int64_t split_blocks = 0;  // the net change of inactive split blocks
-  std::int64_t split_bytes = 0;
   if (cut) {
     Block* rest = split_block(block, size, lane ? lane->lane.arena : d_.arena);
     if (lane) {
@@ -172,27 +168,24 @@ Pool& DeviceAllocator::targeted_pool_locked(StreamId stream) {
     } else {
       segment.pool->blocks_for(small).insert(rest);
     }
-    if (was_split) {
-      split_bytes = -static_cast<std::int64_t>(size);
-    } else {
-      split_blocks = 1;
-      split_bytes = static_cast<std::int64_t>(rest->size);
-    }
-  } else if (was_split) {
-    split_blocks = -1;
-    split_bytes = -static_cast<std::int64_t>(block->size);
   }
   block->allocated = true;
   block->requested = requested;
   if (lane) {
-    count_split(lane->lane.stats, segment, split_blocks, split_bytes);
+    count_split(lane->lane.stats, segment, split.blocks, split.bytes);
     lane->lane.stats.hand_out(small ? 0 : 1, block->size, requested);
   } else {
-    count_split(segment, split_blocks, split_bytes);
+    count_split(segment, split.blocks, split.bytes);
     d_.stats.hand_out(small, block->size, requested);
   }
   debug_check();
   return block;
+}
+
+[[gnu::always_inline]] inline Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t requested,
+                                                            const InLane* lane) {
+  const bool cut = cuts(*block, size);
+  return place(block, size, requested, cut, split_change_of(*block, size, cut), lane);
 }
 
 void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size, bool device_refused) {

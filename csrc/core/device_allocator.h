@@ -240,12 +240,31 @@ class DeviceAllocator {
     FreeBins* bins;
     Lane& lane;
   };
-  inline Block* place(Block* block, std::size_t size, std::size_t requested, bool cut, const InLane* lane);
   // Whether handing out `size` bytes of free `block` cuts it: the rest is worth keeping and the pool
   // splits blocks (its no_split is read only when a split is due).
   static bool cuts(const Block& block, std::size_t size) {
     return should_split(block.size, size) && !block.segment->pool->no_split;
   }
+  // What handing out `size` bytes of free `block` (cut or not) does to the inactive split blocks,
+  // as native counts them: a split block that is cut gives the caller `size` bytes (it stays one
+  // inactive split block); an unsplit one that is cut leaves a new one, its rest; a split block
+  // handed out whole is one fewer.
+  struct SplitChange {
+    std::int64_t blocks = 0;
+    std::int64_t bytes = 0;
+  };
+  static SplitChange split_change_of(const Block& block, std::size_t size, bool cut) {
+    const bool was_split = block.is_split();
+    if (cut) {
+      return was_split ? SplitChange{0, -static_cast<std::int64_t>(size)}
+                       : SplitChange{1, static_cast<std::int64_t>(block.size - size)};
+    }
+    return was_split ? SplitChange{-1, -static_cast<std::int64_t>(block.size)} : SplitChange{};
+  }
+  inline Block* place(Block* block, std::size_t size, std::size_t requested, bool cut, SplitChange split,
+                      const InLane* lane);
+  // The same, for a block under the whole device: cut and counted as cuts() and split_change_of say.
+  inline Block* place(Block* block, std::size_t size, std::size_t requested, const InLane* lane);
   // `device_refused`: the device, not the cap, refused new memory for the request.
   [[noreturn]] void throw_oom(std::size_t requested, std::size_t size, bool device_refused = false);
 

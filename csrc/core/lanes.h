@@ -57,7 +57,6 @@ struct alignas(128) Lane {
   LaneStats stats;           // its changes to the statistics since the whole device last held it
   std::uint64_t served = 0;  // mallocs and frees its cached path served
   std::uint64_t served_at_grant = 0;  // `served` at the last grant: it was busy since if they differ
-  std::uint64_t served_at_fold = 0;   // `served` at the last fold: its share changed since if they differ
 };
 
 // A stream with a lane, its lane, and the default pool's free bins of that stream, found once
@@ -103,21 +102,17 @@ class DeviceLock {
     fold();
   }
   void unlock() {
-#if GPUMEM_CHECK_INVARIANTS
-    fold();  // a lane's cached path may have run under the whole device (LaneGuard)
-#endif
     grant();
     for (int i = kLanes - 1; i >= 0; --i) lanes_[i].lock.unlock();
     device_.unlock();
   }
-  // Under the whole device: the lanes' changes into the ledger. A lane whose `served` did not move
-  // since its last fold is skipped: its statistics change only on a call it serves (the cached path
-  // counts the call before it changes them, and changes nothing on a call it gives up).
+  // Under the whole device: the lanes' changes into the ledger. Only a lane that served a call since
+  // the last grant can have any: its statistics change only on a call it serves (the cached path
+  // counts the call before it changes them, and changes nothing on a call it gives up). Folding a
+  // lane again before the next grant adds nothing: a fold leaves no change behind.
   void fold() {
     for (Lane& lane : lanes_) {
-      if (lane.served == lane.served_at_fold) continue;
-      ledger_->fold(lane.stats);
-      lane.served_at_fold = lane.served;
+      if (served_since_grant(lane)) ledger_->fold(lane.stats);
     }
   }
 
@@ -171,7 +166,8 @@ class DeviceLock {
       lane.served_at_grant = lane.served;
     }
   }
-  static bool is_busy(const Lane& lane) { return lane.wanted || lane.served != lane.served_at_grant; }
+  static bool served_since_grant(const Lane& lane) { return lane.served != lane.served_at_grant; }
+  static bool is_busy(const Lane& lane) { return lane.wanted || served_since_grant(lane); }
 
   static constexpr std::int64_t kNoRoom[LaneStats::kFigures][3] = {};
 

@@ -47,25 +47,28 @@ inline void absorb(Block* earlier, Block* later, BlockArena& arena) {
 
 }  // namespace split_merge_detail
 
+// Whether `neighbour` (next to `block`, or null) is folded into it by merge_free_neighbours: free,
+// and of the same state (mapped or not).
+inline bool merges_with(const Block* block, const Block* neighbour) {
+  return neighbour && neighbour->is_free() && neighbour->mapped == block->mapped;
+}
+
 // Whether merge_free_neighbours would fold a neighbour into `block`.
 inline bool joins_a_free_neighbour(const Block* block) {
-  const Block* next = block->next;
-  const Block* prev = block->prev;
-  return (next && next->is_free() && next->mapped == block->mapped) ||
-         (prev && prev->is_free() && prev->mapped == block->mapped);
+  return merges_with(block, block->next) || merges_with(block, block->prev);
 }
 
 // Merges `block` (free, not in any set) with its free neighbours of the same state (mapped or not),
 // taking them out of `blocks`, the set of that state.
 inline Merge merge_free_neighbours(Block* block, FreeBlocks& blocks, BlockArena& arena) {
   Merge merge{block, 0, 0};
-  if (Block* next = block->next; next && next->is_free() && next->mapped == block->mapped) {
+  if (Block* next = block->next; merges_with(block, next)) {
     ++merge.absorbed_count;
     merge.absorbed_bytes += next->size;
     blocks.erase(next);
     split_merge_detail::absorb(block, next, arena);
   }
-  if (Block* prev = block->prev; prev && prev->is_free() && prev->mapped == block->mapped) {
+  if (Block* prev = block->prev; merges_with(block, prev)) {
     ++merge.absorbed_count;
     merge.absorbed_bytes += prev->size;
     blocks.erase(prev);

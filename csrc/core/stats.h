@@ -124,12 +124,13 @@ struct LaneStats {
     change(kInactiveSplit, t, blocks);
     change(kInactiveSplitBytes, t, bytes);
   }
-  // Whether the room holds the most a cached malloc can add: a hand-out of up to `size` bytes,
-  // `requested` asked, and, where `rest` > 0, a new inactive split block of up to `rest` bytes.
-  bool hand_out_fits(int t, std::size_t size, std::size_t requested, std::size_t rest) const {
+  // Whether the room holds what a cached malloc adds: a hand-out of `size` bytes, `requested` asked,
+  // and, where `new_split` > 0, a new inactive split block of `new_split` bytes.
+  bool hand_out_fits(int t, std::size_t size, std::size_t requested, std::size_t new_split) const {
     return fits(kAllocation, t, 1) && fits(kAllocatedBytes, t, static_cast<std::int64_t>(size)) &&
            fits(kRequestedBytes, t, static_cast<std::int64_t>(requested)) &&
-           (rest == 0 || (fits(kInactiveSplit, t, 1) && fits(kInactiveSplitBytes, t, static_cast<std::int64_t>(rest))));
+           (new_split == 0 ||
+            (fits(kInactiveSplit, t, 1) && fits(kInactiveSplitBytes, t, static_cast<std::int64_t>(new_split))));
   }
   // The most a cached free can add: the freed block's `size` to the inactive split bytes, and one
   // inactive split block unless it `joins` a free neighbour (then the blocks do not grow).
