@@ -13,4 +13,12 @@ void BlockArena::grow() {
   for (std::size_t i = kArenaChunk; i-- > 0;) recycle(&chunk[i]);
 }
 
+std::size_t BlockArena::made() const { return chunks_.size() * kArenaChunk; }
+
+std::size_t BlockArena::spares() const {
+  std::size_t count = 0;
+  for (const Block* b = spare_; b; b = b->next) ++count;
+  return count;
+}
+
 }  // namespace gpumem

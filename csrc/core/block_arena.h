@@ -33,6 +33,10 @@ class BlockArena {
     block->next = spare_;
     spare_ = block;
   }
+  // For the invariant checker: every Block it made, and those spare now. The others are in
+  // segments: made() == spares() + the blocks of the segments whose blocks it makes.
+  std::size_t made() const;
+  std::size_t spares() const;
 
  private:
   void grow();

@@ -14,7 +14,7 @@
 namespace gpumem {
 
 void DeviceAllocator::set_capture_reuse(bool on) {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   capture_reuse_ = on;
 }
 

@@ -21,7 +21,6 @@ DeviceAllocator::DeviceAllocator(Backend& backend, int device, const AllocatorCo
       plain_(d_),
       growable_(d_, plain_, config.growable),
       release_threshold_(0.0) {
-  mutex_.attach(&d_.stats, &DeviceAllocator::lane_gates, this);
   d_.device_total = d_.backend.total_memory(device);
   check_release_threshold(config.release_threshold);
   if (config.limit && *config.limit > d_.device_total) {
@@ -49,48 +48,40 @@ DeviceAllocator::~DeviceAllocator() {
 
 // The cached path of a stream with a lane: what the chain below does when a cached block fits and
 // no capture or pending event is in the way (the lane is open), under the stream's lane only. What
-// opens the lane changes only under the whole device. What the hand-out adds to the statistics
-// must fit in the lane's room below the peaks (LaneStats); where it might not, the block goes back
-// and the whole device serves the request.
-[[gnu::always_inline]] inline Block* DeviceAllocator::malloc_in_lane(LaneSlot& slot, std::size_t requested,
-                                                                     std::size_t at_least) {
-  LaneGuard guard(mutex_, *slot.lane);
+// opens the lane changes only under the whole device.
+[[gnu::always_inline]] inline Block* DeviceAllocator::malloc_in_lane(LaneSlot& slot, std::size_t size,
+                                                                     std::size_t requested) {
+  LaneGuard guard(*slot.lane);
   Lane& lane = guard.lane();
-  if (!lane.malloc_open || requested > SIZE_MAX - kLargeRounding) return nullptr;
+  if (!lane.malloc_open) return nullptr;
   lane.arena.keep_one();  // a cut's Block: if that allocation fails, nothing has changed yet
-  const std::size_t size = std::max(round_size(requested), at_least);
   FreeBins* bins = lane_bins(slot, is_small(size));
   if (!bins) return nullptr;
   Block* block = FreeBlocks::take_best_fit_in(*bins, size);
   if (!block) return nullptr;
-  const Segment& segment = *block->segment;
-  // What it adds, as place() will do it: the block handed out, cut to `size` or whole, and where the
-  // cut leaves a new inactive split block (counted in plain segments only), that block; the other
-  // changes to the inactive split blocks are decreases, which always fit.
-  const bool cut = cuts(*block, size);
-  const SplitChange split = split_change_of(*block, size, cut);
-  const std::size_t new_split = split.blocks > 0 && !segment.growable ? static_cast<std::size_t>(split.bytes) : 0;
-  if (!lane.stats.hand_out_fits(segment.small ? 0 : 1, cut ? size : block->size, requested, new_split)) {
-    FreeBlocks::insert_into(*bins, block);
-    lane.wanted = true;
-    return nullptr;
-  }
   ++lane.served;
   const InLane in_lane{bins, lane};
-  return place(block, size, requested, cut, split, &in_lane);
+  block = place(block, size, requested, &in_lane);
+  debug_check_lane(lane);
+  return block;
 }
 
 Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size_t at_least) {
-  if (LaneSlot* slot = mutex_.slot_of(stream)) {
-    if (Block* block = malloc_in_lane(*slot, requested, at_least)) return block;
+  // No device holds this much; refusing here also keeps the rounding from overflowing.
+  if (requested > SIZE_MAX - kLargeRounding) {
+    const WholeDevice whole(*this);
+    throw_oom(requested, requested);
   }
-  return malloc_on_device(requested, stream, at_least);
+  const std::size_t size = std::max(round_size(requested), at_least);
+  if (LaneSlot* slot = d_.lanes.slot_of(stream)) {
+    if (Block* block = malloc_in_lane(*slot, size, requested)) return block;
+  }
+  return malloc_on_device(size, requested, stream);
 }
 
-[[gnu::noinline]] Block* DeviceAllocator::malloc_on_device(std::size_t requested, StreamId stream,
-                                                           std::size_t at_least) {
-  std::lock_guard<DeviceLock> lock(mutex_);
-  mutex_.add_stream(stream);
+[[gnu::noinline]] Block* DeviceAllocator::malloc_on_device(std::size_t size, std::size_t requested, StreamId stream) {
+  const WholeDevice whole(*this);
+  d_.lanes.add_stream(stream);  // before the stream's first block: its blocks' home is its lane's arena
   // While a graph may be capturing, event queries are illegal; blocks wait until it ends, or
   // until the capture graph shows they may be reused (core/capture_reuse.cpp).
   if (!d_.capturing()) {
@@ -98,12 +89,9 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
   } else if (capture_reuse_ && !deferred_.empty()) {
     reuse_deferred(stream);
   }
-  // No device holds this much; failing here also keeps the rounding below from overflowing.
-  if (requested > SIZE_MAX - kLargeRounding) throw_oom(requested, requested);
-  const std::size_t size = std::max(round_size(requested), at_least);
   Request r{&pool_for_locked(stream), is_small(size), stream, size};
 
-  d_.arena.keep_one();  // as in the lanes: before a cached block leaves the free set
+  d_.arena_for(stream).keep_one();  // as in the lanes: before a cached block leaves the free set
   Block* block = try_cached(*r.pool, r);
   if (block) return place(block, size, requested, nullptr);
   measure_outside_locked();
@@ -129,11 +117,10 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
   return block;
 }
 
-LaneGates DeviceAllocator::lane_gates(const void* self) {
-  const auto& a = *static_cast<const DeviceAllocator*>(self);
-  const bool capturing = a.d_.capturing();
-  return {!capturing && a.pending_.empty() && !a.d_.stats.any_pending(),
-          !capturing && a.release_threshold_ == 0.0 && a.d_.cap.reserved() <= a.d_.cap.budget()};
+LaneGates DeviceAllocator::lane_gates() const {
+  const bool capturing = d_.capturing();
+  return {!capturing && pending_.empty() && !d_.stats.any_pending(),
+          !capturing && release_threshold_ == 0.0 && d_.cap.reserved() <= d_.cap.budget()};
 }
 
 FreeBins* DeviceAllocator::find_lane_bins(LaneSlot& slot, bool small) {
@@ -153,16 +140,17 @@ Pool& DeviceAllocator::targeted_pool_locked(StreamId stream) {
   return d_.default_pool;
 }
 
-// Hands out the front of `block`, returning the rest to the pool where `cut` (cuts(): the rest is
-// worth keeping and the pool splits blocks); the inactive split blocks change by `split`
-// (split_change_of, found before the cut).
+// Hands out the front of `block`, returning the rest to the pool where the block is worth cutting
+// (cuts()), and counts the hand-out: the one rule for it, on either path.
 // Inline in malloc: it runs on every allocation.
 [[gnu::always_inline]] inline Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t requested,
-                                                            bool cut, SplitChange split, const InLane* lane) {
+                                                            const InLane* lane) {
   const Segment& segment = *block->segment;
   const bool small = segment.small;
+  const bool cut = cuts(*block, size);
+  const SplitChange split = split_change_of(*block, size, cut);
   if (cut) {
-    Block* rest = split_block(block, size, lane ? lane->lane.arena : d_.arena);
+    Block* rest = split_block(block, size, lane ? lane->lane.arena : d_.arena_for(segment.stream));
     if (lane) {
       FreeBlocks::insert_into(*lane->bins, rest);
     } else {
@@ -171,21 +159,13 @@ Pool& DeviceAllocator::targeted_pool_locked(StreamId stream) {
   }
   block->allocated = true;
   block->requested = requested;
-  if (lane) {
-    count_split(lane->lane.stats, segment, split.blocks, split.bytes);
-    lane->lane.stats.hand_out(small ? 0 : 1, block->size, requested);
-  } else {
+  {
+    LedgerGuard ledger(d_.lanes, lane != nullptr);
     count_split(segment, split.blocks, split.bytes);
     d_.stats.hand_out(small, block->size, requested);
   }
-  debug_check();
+  if (!lane) debug_check();
   return block;
-}
-
-[[gnu::always_inline]] inline Block* DeviceAllocator::place(Block* block, std::size_t size, std::size_t requested,
-                                                            const InLane* lane) {
-  const bool cut = cuts(*block, size);
-  return place(block, size, requested, cut, split_change_of(*block, size, cut), lane);
 }
 
 void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size, bool device_refused) {
@@ -219,37 +199,30 @@ void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size, bool de
 
 // The cached free of a stream with a lane: a block no other stream used, of the default pool,
 // while the lane is open (no capture, the limit not passed, no release threshold: nothing asks for
-// more than the free set), and the most the free can add to the inactive split blocks (for a split
-// block, its own size, and one block unless it joins a free neighbour) fits in the lane's room.
+// more than the free set).
 [[gnu::always_inline]] inline bool DeviceAllocator::free_in_lane(LaneSlot& slot, Block* block) {
-  LaneGuard guard(mutex_, *slot.lane);
+  LaneGuard guard(*slot.lane);
   Lane& lane = guard.lane();
   if (!lane.free_open || !block->allocated || !block->stream_uses.empty()) return false;
   const Segment& segment = *block->segment;
   if (segment.pool != &d_.default_pool) return false;
-  // An unsplit block is its whole segment: its free adds no inactive split block.
-  if (!segment.growable && block->is_split() &&
-      !lane.stats.free_fits(segment.small ? 0 : 1, block->size, joins_a_free_neighbour(block))) {
-    lane.wanted = true;
-    return false;
-  }
   FreeBins* bins = lane_bins(slot, segment.small);
   if (!bins) return false;
   block->allocated = false;
   ++lane.served;
   const InLane in_lane{bins, lane};
   free_block(block, &in_lane, true);
-  debug_check();
+  debug_check_lane(lane);
   return true;
 }
 
 void DeviceAllocator::free(Block* block) {
-  if (LaneSlot* slot = mutex_.slot_of(block->stream); slot && free_in_lane(*slot, block)) return;
+  if (LaneSlot* slot = d_.lanes.slot_of(block->stream); slot && free_in_lane(*slot, block)) return;
   free_on_device(block);
 }
 
 [[gnu::noinline]] void DeviceAllocator::free_on_device(Block* block) {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   if (!block->allocated) throw std::logic_error("gpumem: block freed twice or never allocated");
   block->allocated = false;
   if (block->stream_uses.empty()) {
@@ -274,6 +247,8 @@ void DeviceAllocator::free_pending(Block* block) {
   release_after_free(free_block(block, nullptr, false));
 }
 
+// Back into the free set, merged with its free neighbours, and counted: the one rule for a free,
+// on either path.
 [[gnu::always_inline]] inline Block* DeviceAllocator::free_block(Block* block, const InLane* lane, bool released) {
   const Segment& segment = *block->segment;  // `block` itself may be folded into its neighbour
   const bool small = segment.small;
@@ -281,23 +256,20 @@ void DeviceAllocator::free_pending(Block* block) {
   const std::size_t requested = block->requested;
   block->requested = 0;
   FreeBlocks& blocks = segment.pool->blocks_for(small);
-  const Merge merge = merge_free_neighbours(block, blocks, lane ? lane->lane.arena : d_.arena);
+  const Merge merge = merge_free_neighbours(block, blocks, lane ? lane->lane.arena : d_.arena_for(segment.stream));
   const bool split = merge.block->is_split();  // the net change: the merged block if split, less the neighbours
   const std::int64_t split_blocks = (split ? 1 : 0) - merge.absorbed_count;
   const std::int64_t split_bytes =
       static_cast<std::int64_t>(split ? merge.block->size : 0) - static_cast<std::int64_t>(merge.absorbed_bytes);
   if (lane) {
     FreeBlocks::insert_into(*lane->bins, merge.block);
-    LaneStats& stats = lane->lane.stats;
-    if (released) stats.release(small ? 0 : 1, size);
-    stats.settle(small ? 0 : 1, requested);
-    count_split(stats, segment, split_blocks, split_bytes);
   } else {
     blocks.insert(merge.block);
-    if (released) d_.stats.release(small, size);
-    d_.stats.settle(small, requested);
-    count_split(segment, split_blocks, split_bytes);
   }
+  LedgerGuard ledger(d_.lanes, lane != nullptr);
+  if (released) d_.stats.release(small, size);
+  d_.stats.settle(small, requested);
+  count_split(segment, split_blocks, split_bytes);
   return merge.block;
 }
 
@@ -312,7 +284,7 @@ void DeviceAllocator::release_after_free(const Block* merged) {
 }
 
 void DeviceAllocator::record_stream(Block* block, StreamId stream) {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   if (stream == block->stream) return;
   auto& uses = block->stream_uses;
   if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
@@ -360,34 +332,41 @@ void DeviceAllocator::synchronize_and_process_events() {
 // ---- growable segments: asked for, and in effect ----
 
 void DeviceAllocator::set_growable(bool on) {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   growable_.set_on(on);
 }
 
 bool DeviceAllocator::growable() const {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   return growable_.in_effect();
 }
 
 // ---- statistics and views ----
 
 DeviceStats DeviceAllocator::stats() const {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   return d_.stats.snapshot();
 }
 
 std::uint64_t DeviceAllocator::served_in_lanes() const {
-  std::lock_guard<DeviceLock> lock(mutex_);
-  return mutex_.served();
+  const WholeDevice whole(*this);
+  return d_.lanes.served();
+}
+
+std::size_t DeviceAllocator::blocks_made() const {
+  const WholeDevice whole(*this);
+  std::size_t made = 0;
+  d_.lanes.for_each_arena([&](const BlockArena& arena, int) { made += arena.made(); });
+  return made;
 }
 
 void DeviceAllocator::reset_peak_stats() {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   d_.stats.reset_peak();
 }
 
 void DeviceAllocator::reset_accumulated_stats() {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   d_.stats.reset_accumulated();
 }
 
@@ -398,7 +377,7 @@ std::size_t DeviceAllocator::largest_free_block_locked() const {
 }
 
 std::size_t DeviceAllocator::largest_free_block() const {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   return largest_free_block_locked();
 }
 
@@ -416,7 +395,7 @@ BlockInfo info_of(const Block& b) {
 // A plain segment is one SegmentInfo; a growable one, one per mapped stretch, so the segments of a
 // snapshot add up to the reserved bytes.
 std::vector<SegmentInfo> DeviceAllocator::snapshot() const {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   std::vector<SegmentInfo> out;
   out.reserve(d_.segments.size());
   for (const auto& [addr, segment] : d_.segments) {
@@ -432,7 +411,7 @@ std::vector<SegmentInfo> DeviceAllocator::snapshot() const {
 
 std::optional<std::pair<std::uintptr_t, std::size_t>> DeviceAllocator::segment_of(const void* ptr) const {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   auto it = d_.segments.upper_bound(addr);
   if (it == d_.segments.begin()) return std::nullopt;
   const Segment& s = *std::prev(it)->second;
@@ -446,7 +425,7 @@ std::optional<std::pair<std::uintptr_t, std::size_t>> DeviceAllocator::segment_o
 }
 
 bool DeviceAllocator::heads_a_split(const Block* block) const {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   const bool starts = block->prev == nullptr || !block->prev->mapped;
   // Free mapped neighbours always merge, so a cached block right behind is the rest of a split.
   return starts && block->next != nullptr && block->next->is_cached();
@@ -455,7 +434,7 @@ bool DeviceAllocator::heads_a_split(const Block* block) const {
 // ---- invariants ----
 
 void DeviceAllocator::check_invariants() const {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   check_invariants_locked();
 }
 

@@ -165,6 +165,9 @@ class DeviceAllocator {
   // How many mallocs and frees each stream's cached path served on its own (core/lanes.h), without
   // the whole device: for tests and benchmarks.
   std::uint64_t served_in_lanes() const;
+  // Every Block the arenas made, spare or in segments: the host memory the block lists hold. Flat
+  // while the blocks in use are (core/lanes.h: every Block keeps its home); for tests.
+  std::size_t blocks_made() const;
   void reset_peak_stats();
   void reset_accumulated_stats();
   // The largest cached free block, in bytes.
@@ -217,15 +220,30 @@ class DeviceAllocator {
   Block* try_use_on_oom_pools(const Request& r);
   // The cached path of a stream with a lane (core/lanes.h), under that lane only: nullptr, or
   // false, changing nothing, where the request needs the whole device (the lane is closed: a
-  // capture, pending events, the limit passed, a release threshold; no cached block fits; the
-  // room does not hold it; another pool; stream uses).
-  inline Block* malloc_in_lane(LaneSlot& slot, std::size_t requested, std::size_t at_least);
+  // capture, pending events, the limit passed, a release threshold; no cached block fits; another
+  // pool; stream uses).
+  inline Block* malloc_in_lane(LaneSlot& slot, std::size_t size, std::size_t requested);
   inline bool free_in_lane(LaneSlot& slot, Block* block);
   // The chain and the free under the whole device (what the lanes could not serve).
-  Block* malloc_on_device(std::size_t requested, StreamId stream, std::size_t at_least);
+  Block* malloc_on_device(std::size_t size, std::size_t requested, StreamId stream);
   void free_on_device(Block* block);
-  // What the lanes may serve now (DeviceLock::attach): read whenever the whole device is let go.
-  static LaneGates lane_gates(const void* self);
+  // The whole device for one call (core/lanes.h); letting it go opens or closes the lanes for what
+  // the call left: lane_gates().
+  class WholeDevice {
+   public:
+    explicit WholeDevice(const DeviceAllocator& a) : a_(a) { a_.d_.lanes.lock(); }
+    ~WholeDevice() { a_.d_.lanes.unlock(a_.lane_gates()); }
+    WholeDevice(const WholeDevice&) = delete;
+    WholeDevice& operator=(const WholeDevice&) = delete;
+
+   private:
+    const DeviceAllocator& a_;
+  };
+  // What the lanes may serve while nothing holds the whole device: a cached malloc while no graph
+  // captures and no block pends on a stream; a cached free while no graph captures, no release
+  // threshold is set and reserved is within the budget (nothing asks a free for more than the free
+  // set).
+  LaneGates lane_gates() const;
   // The default pool's bins of the slot's stream, found once; nullptr if it has none yet.
   FreeBins* lane_bins(LaneSlot& slot, bool small) {
     FreeBins* bins = slot.bins[small ? 0 : 1];
@@ -233,9 +251,8 @@ class DeviceAllocator {
   }
   FreeBins* find_lane_bins(LaneSlot& slot, bool small);
   // place and free_block run on every cached malloc and free: inline, in device_allocator.cpp only.
-  // `lane`: the caller's lane, whose bins (of the block's stream), arena and share of the
-  // statistics are used; nullptr under the whole device (the pool's set, the device's arena, the
-  // ledger).
+  // `lane`: the caller's lane and the bins of the block's stream there, whose statistics' events
+  // are written under the ledger's lock; nullptr under the whole device (the pool's set).
   struct InLane {
     FreeBins* bins;
     Lane& lane;
@@ -261,9 +278,6 @@ class DeviceAllocator {
     }
     return was_split ? SplitChange{-1, -static_cast<std::int64_t>(block.size)} : SplitChange{};
   }
-  inline Block* place(Block* block, std::size_t size, std::size_t requested, bool cut, SplitChange split,
-                      const InLane* lane);
-  // The same, for a block under the whole device: cut and counted as cuts() and split_change_of say.
   inline Block* place(Block* block, std::size_t size, std::size_t requested, const InLane* lane);
   // `device_refused`: the device, not the cap, refused new memory for the request.
   [[noreturn]] void throw_oom(std::size_t requested, std::size_t size, bool device_refused = false);
@@ -276,9 +290,6 @@ class DeviceAllocator {
   // Inactive split blocks changed in `segment`; counted in plain segments only (StatLedger::split_change).
   void count_split(const Segment& segment, std::int64_t blocks, std::int64_t bytes) {
     if (!segment.growable) d_.stats.split_change(segment.small, blocks, bytes);
-  }
-  static void count_split(LaneStats& stats, const Segment& segment, std::int64_t blocks, std::int64_t bytes) {
-    if (!segment.growable) stats.split_change(segment.small ? 0 : 1, blocks, bytes);
   }
   void free_pending(Block* block);  // a freed block no stream uses any more
   void defer(Block* block);
@@ -305,10 +316,20 @@ class DeviceAllocator {
   // After every operation in builds with the checker compiled in (GPUMEM_CHECK_INVARIANTS).
   void debug_check() const {
 #if GPUMEM_CHECK_INVARIANTS
-    mutex_.fold();  // a lane's cached path ran under the whole device (LaneGuard)
     check_invariants_locked();
 #endif
   }
+  // The same after a lane's cached path, under that lane only: what the lane owns (its streams'
+  // segments, their free bins, its arena's balance); the rest is checked under the whole device.
+  void debug_check_lane(const Lane& lane) const {
+#if GPUMEM_CHECK_INVARIANTS
+    check_lane_locked(lane);
+#else
+    (void)lane;
+#endif
+  }
+  void check_lane_locked(const Lane& lane) const;
+  void check_arenas_locked() const;
 
   DeviceState d_;
   PlainSegments plain_;
@@ -316,7 +337,6 @@ class DeviceAllocator {
   LimitScope scope_ = LimitScope::kAllocator;
   std::atomic<OutsideSource> outside_source_{OutsideSource::kNone};
   double release_threshold_;
-  mutable DeviceLock mutex_;
   std::map<PoolId, std::unique_ptr<Pool>> private_pools_;
   std::deque<PendingFree> pending_;
   // Freed with stream uses while a pool target was active: held until the capture ends, or

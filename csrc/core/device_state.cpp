@@ -18,7 +18,7 @@ Segment* DeviceState::add_segment(Pool& pool, bool small, StreamId stream, std::
   segment->serial = next_serial++;
   segment->source = &source_of(pool);
   segment->owner = owner;
-  Block* head = arena.make();
+  Block* head = arena_for(stream).make();
   head->addr = addr;
   head->size = size;
   head->stream = stream;
@@ -32,7 +32,7 @@ Segment* DeviceState::add_segment(Pool& pool, bool small, StreamId stream, std::
 
 void DeviceState::erase_segment(Segment* segment) {
   --segment->pool->segments;
-  arena.recycle(segment->head);
+  arena_for(segment->stream).recycle(segment->head);
   segments.erase(segment->addr);
 }
 

@@ -1,5 +1,5 @@
 // What one device's allocator holds in common: the cap, the statistics, the segments by address,
-// the default pool, the Block arena and the pool targets. The fallback chain (DeviceAllocator) and
+// the default pool, the lanes (whose arenas are the Blocks' homes) and the pool targets. The fallback chain (DeviceAllocator) and
 // the two sources of new memory (core/plain_segments.h, core/growable_segments.h) work on it, all
 // under the device's lock: nothing here locks.
 #pragma once
@@ -13,7 +13,7 @@
 
 #include "core/backend.h"
 #include "core/block.h"
-#include "core/block_arena.h"
+#include "core/lanes.h"
 #include "core/cap.h"
 #include "core/pool.h"
 #include "core/segment_source.h"
@@ -54,7 +54,7 @@ struct DeviceState {
   BackendSource backend_source;  // the default pool's source, and of pools without one
   Cap cap;
   StatLedger stats;
-  BlockArena arena;
+  mutable DeviceLock lanes;  // the device's locks, and the arenas of the Blocks (core/lanes.h)
   Pool default_pool;
   std::vector<PoolTarget> targets;  // most recent last
   std::map<std::uintptr_t, std::unique_ptr<Segment>> segments;  // by address
@@ -76,6 +76,8 @@ struct DeviceState {
     if (result.refusal == Refusal::kDevice) device_refused = true;
     return result.got;
   }
+  // Where the blocks of `stream` come from and go back to, on every path.
+  BlockArena& arena_for(StreamId stream) { return lanes.arena_for(stream); }
   void note_high() { reserved_high = std::max(reserved_high, cap.reserved()); }
 
   // Files a segment of [addr, addr + size) under the pool, as one block; statistics are the caller's.

@@ -44,8 +44,11 @@ std::size_t FreeBlocks::size() const {
 
 bool FreeBlocks::contains(const Block* block) const {
   const StreamBins* bins = find(block->stream);
-  if (!bins) return false;
-  for (const Block* cur = bins->roots[class_of(block->size)]; cur;) {
+  return bins && contains_in(*bins, block);
+}
+
+bool FreeBlocks::contains_in(const FreeBins& bins, const Block* block) {
+  for (const Block* cur = bins.roots[class_of(block->size)]; cur;) {
     if (cur == block) return true;
     cur = cur->where.child[before(cur, block) ? 1 : 0];
   }

@@ -59,6 +59,7 @@ class FreeBlocks {
   FreeBins* existing_bins(StreamId stream) const;
 
   bool contains(const Block* block) const;
+  static bool contains_in(const FreeBins& bins, const Block* block);  // reads only those bins
   std::size_t size() const;  // counts the blocks: for the invariant checker
   // Throws std::logic_error unless the invariants below hold: for tests and the invariant checker.
   void check() const;

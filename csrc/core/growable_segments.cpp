@@ -125,13 +125,13 @@ Block* GrowableSegments::map_front(Request& r, Block* unmapped) {
   if (!d_.grow_noting(r.device_refused, bytes, [&] { return d_.backend.map(d_.device, unmapped->ptr(), bytes); })) return nullptr;
   FreeBlocks& unmapped_set = segment.pool->unmapped_for(small);
   unmapped_set.erase(unmapped);
-  if (bytes < unmapped->size) unmapped_set.insert(split_block(unmapped, bytes, d_.arena));
+  if (bytes < unmapped->size) unmapped_set.insert(split_block(unmapped, bytes, d_.arena_for(segment.stream)));
   unmapped->mapped = true;
   segment.mapped += bytes;
   d_.stats.reserve(small, bytes, 0);
   ++d_.stats.num_device_alloc;
   d_.note_high();
-  return merge_free_neighbours(unmapped, segment.pool->blocks_for(small), d_.arena).block;
+  return merge_free_neighbours(unmapped, segment.pool->blocks_for(small), d_.arena_for(segment.stream)).block;
 }
 
 // Unmaps the whole pages inside `block` (cached, in a growable segment); the partial pages at its
@@ -155,15 +155,15 @@ std::size_t GrowableSegments::unmap_block(Block* block) {
   Block* middle = block;
   if (lo > block->addr) {
     front = block;
-    middle = split_block(block, lo - block->addr, d_.arena);
+    middle = split_block(block, lo - block->addr, d_.arena_for(segment.stream));
   }
-  if (hi < middle->addr + middle->size) back = split_block(middle, hi - middle->addr, d_.arena);
+  if (hi < middle->addr + middle->size) back = split_block(middle, hi - middle->addr, d_.arena_for(segment.stream));
   for (Block* remnant : {front, back}) {
     if (remnant) cached.insert(remnant);
   }
   middle->mapped = false;
   FreeBlocks& unmapped_set = segment.pool->unmapped_for(small);
-  unmapped_set.insert(merge_free_neighbours(middle, unmapped_set, d_.arena).block);
+  unmapped_set.insert(merge_free_neighbours(middle, unmapped_set, d_.arena_for(segment.stream)).block);
   return hi - lo;
 }
 

@@ -140,11 +140,60 @@ void DeviceAllocator::check_invariants_locked() const {
   if (d_.cap.reserved() != static_cast<std::size_t>(d_.stats.reserved_bytes()) + uncached_bytes_) {
     broken(d_.device, "the cap's reserved bytes differ from the statistics and the uncached bytes", 0);
   }
+  check_arenas_locked();
   std::map<const Block*, int> events;
   for (const PendingFree& p : pending_) ++events[p.block];
   for (const Deferred& d : deferred_) ++events[d.block];
   for (const auto& [block, count] : events) {
     if (block->pending_events != count) broken(d_.device, "pending event count differs from the events queued", block->addr);
+  }
+}
+
+// Blocks have one home (core/lanes.h): each arena's Blocks are its spares and the blocks of the
+// segments of the streams it serves, so a Block that went to another arena shows here.
+void DeviceAllocator::check_arenas_locked() const {
+  std::map<int, std::size_t> in_segments;  // by lane index, -1 the device's arena
+  for (const auto& [addr, segment] : d_.segments) {
+    std::size_t& count = in_segments[d_.lanes.lane_index_of(segment->stream)];
+    for (const Block* b = segment->head; b; b = b->next) ++count;
+  }
+  d_.lanes.for_each_arena([&](const BlockArena& arena, int index) {
+    if (arena.made() != arena.spares() + in_segments[index]) {
+      broken(d_.device, "an arena's blocks are not its spares and its streams' blocks (a Block left its home)", 0);
+    }
+  });
+}
+
+// Under one lane only: other lanes run meanwhile, so this reads only what the lane owns (the blocks
+// of its streams' default-pool segments, their bins, its arena) and what only the whole device
+// changes (the segment table, the streams' bins tables). The statistics, shared, are checked under
+// the whole device.
+void DeviceAllocator::check_lane_locked(const Lane& lane) const {
+  std::size_t blocks = 0;
+  for (const auto& [addr, segment] : d_.segments) {
+    const Segment& s = *segment;  // its stream and pool never change
+    const LaneSlot* slot = d_.lanes.slot_of(s.stream);
+    if (!slot || slot->lane != &lane) continue;
+    const FreeBins* bins = s.pool->blocks_for(s.small).existing_bins(s.stream);
+    std::size_t total = 0;
+    for (const Block* b = s.head; b; b = b->next) {
+      ++blocks;
+      total += b->size;
+      if (b->segment != &s) broken(d_.device, "block points to another segment", b->addr);
+      if (b->next && (b->next->prev != b || b->addr + b->size != b->next->addr)) {
+        broken(d_.device, "a segment's blocks are not linked in address order", b->addr);
+      }
+      if (b->next && b->is_free() && b->next->is_free() && b->mapped == b->next->mapped) {
+        broken(d_.device, "two free neighbours were not merged", b->addr);
+      }
+      if (b->mapped && b->is_free() != (bins && FreeBlocks::contains_in(*bins, b))) {
+        broken(d_.device, b->is_free() ? "free block missing from its bins" : "used block in its bins", b->addr);
+      }
+    }
+    if (total != s.size) broken(d_.device, "block sizes do not sum to the segment size", s.addr);
+  }
+  if (lane.arena.made() != lane.arena.spares() + blocks) {
+    broken(d_.device, "a lane's arena's blocks are not its spares and its streams' blocks (a Block left its home)", 0);
   }
 }
 

@@ -14,13 +14,13 @@ void DeviceAllocator::set_limit(std::optional<std::size_t> limit) {
     throw LimitSpecError("gpumem: limit of " + format_bytes(*limit) + " is above device " + std::to_string(d_.device) +
                          "'s total of " + format_bytes(d_.device_total) + ". " + kLimitForms);
   }
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   set_limit_locked(limit.value_or(d_.device_total));
 }
 
 void DeviceAllocator::set_limit(std::string_view spec) {
   const std::optional<std::size_t> limit = parse_limit(spec, d_.device_total);
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   set_limit_locked(limit.value_or(d_.device_total));
 }
 
@@ -92,7 +92,7 @@ void DeviceAllocator::measure_outside_locked() {
 // context): otherwise the first growth does, so that naming a scope makes no CUDA context on a
 // device the program never uses.
 void DeviceAllocator::set_scope(LimitScope scope) {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   const LimitScope before = scope_;
   if (scope == before) return;
   scope_ = scope;
@@ -113,7 +113,7 @@ void DeviceAllocator::set_scope(LimitScope scope) {
 }
 
 LimitScope DeviceAllocator::scope() const {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   return scope_;
 }
 
@@ -131,7 +131,7 @@ const char* outside_source_name(OutsideSource source) {
 }
 
 void DeviceAllocator::watch_pressure(int slot, double share) {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   d_.cap.watch_pressure(slot, share);
 }
 

@@ -28,7 +28,7 @@ std::string name_of(PoolId id) { return "(" + std::to_string(id.first) + ", " + 
 }  // namespace
 
 void DeviceAllocator::create_pool(PoolId id, std::shared_ptr<SegmentSource> source) {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   auto& pool = private_pools_[id];
   if (pool && source) {
     // Its segments came from elsewhere: a second source would leave them with no single owner.
@@ -45,7 +45,7 @@ void DeviceAllocator::create_pool(PoolId id, std::shared_ptr<SegmentSource> sour
 }
 
 void DeviceAllocator::begin_allocate_to_pool(PoolId id, StreamFilter filter) {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   auto it = private_pools_.find(id);
   if (it == private_pools_.end()) {
     throw std::logic_error("gpumem: allocation to pool " + name_of(id) + " begun before the pool was created");
@@ -54,7 +54,7 @@ void DeviceAllocator::begin_allocate_to_pool(PoolId id, StreamFilter filter) {
 }
 
 void DeviceAllocator::end_allocate_to_pool(PoolId id) {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   for (auto it = d_.targets.rbegin(); it != d_.targets.rend(); ++it) {
     if (it->pool->id == id) {
       d_.targets.erase(std::next(it).base());
@@ -72,7 +72,7 @@ void DeviceAllocator::end_allocate_to_pool(PoolId id) {
 }
 
 void DeviceAllocator::release_pool(PoolId id) {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   auto it = private_pools_.find(id);
   if (it == private_pools_.end() || it->second->use_count == 0) return;
   if (--it->second->use_count > 0) return;
@@ -82,7 +82,7 @@ void DeviceAllocator::release_pool(PoolId id) {
 }
 
 int DeviceAllocator::pool_use_count(PoolId id) const {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   auto it = private_pools_.find(id);
   return it == private_pools_.end() ? 0 : it->second->use_count;
 }
@@ -97,12 +97,12 @@ Pool& DeviceAllocator::existing_pool(PoolId id) const {
 }
 
 void DeviceAllocator::set_no_split(PoolId id) {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   existing_pool(id).no_split = true;
 }
 
 void DeviceAllocator::set_use_on_oom(PoolId id, bool on) {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   existing_pool(id).use_on_oom = on;
 }
 

@@ -50,7 +50,7 @@ void DeviceAllocator::apply_release_threshold() {
 }
 
 void DeviceAllocator::empty_cache(PoolId id) {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   if (!id.is_default()) {
     empty_pool_cache(id);
   } else if (!d_.capturing()) {
@@ -72,13 +72,13 @@ void DeviceAllocator::give_back_over_limit() {
 
 void DeviceAllocator::set_release_threshold(double share) {
   check_release_threshold(share);
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   release_threshold_ = share;
   if (share > 0.0) apply_release_threshold();
 }
 
 double DeviceAllocator::release_threshold() const {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   return release_threshold_;
 }
 

@@ -32,38 +32,6 @@ void StatLedger::Figure::reset_accumulated() {
   decreased[0] = decreased[1] = 0;
 }
 
-// Out of line: it runs only while some block is pending.
-StatLedger::Figure& StatLedger::lane_figure(int f) {
-  switch (f) {
-    case LaneStats::kAllocation: return allocation_;
-    case LaneStats::kAllocatedBytes: return allocated_bytes_;
-    case LaneStats::kRequestedBytes: return requested_bytes_;
-    case LaneStats::kInactiveSplit: return inactive_split_;
-    default: return inactive_split_bytes_;
-  }
-}
-
-void StatLedger::fold(LaneStats& lane) {
-  for (int f = 0; f < LaneStats::kFigures; ++f) {
-    Figure& figure = lane_figure(f);
-    for (int t = 0; t < 2; ++t) {
-      figure.current[t] += lane.change_of(f, t);
-      figure.decreased[t] += lane.decreased[f][t];
-      lane.decreased[f][t] = 0;
-    }
-  }
-  lane.clear_change();
-}
-
-void StatLedger::room(int lanes, std::int64_t (&room)[LaneStats::kFigures][3]) const {
-  for (int f = 0; f < LaneStats::kFigures; ++f) {
-    const Figure& figure = lane_figure(f);
-    room[f][0] = (figure.peak[0] - figure.current[0]) / lanes;
-    room[f][1] = (figure.peak[1] - figure.current[1]) / lanes;
-    room[f][2] = (figure.whole_peak - figure.whole()) / lanes;
-  }
-}
-
 void StatLedger::note_active_peak(int t) {
   for (auto [own, allocated, pending] : {std::tuple<Figure*, const Figure*, const Figure*>{&active_, &allocation_, &pending_},
                                          {&active_bytes_, &allocated_bytes_, &pending_bytes_}}) {

@@ -16,7 +16,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -82,82 +81,6 @@ inline void increase_stat(StatArray& stat, bool small_pool, std::int64_t amount)
   stat[small_pool ? kSmallPool : kLargePool].increase(amount);
 }
 
-// What one lane's cached path (core/lanes.h) changed of the figures a cached malloc or free moves,
-// since the whole device last folded it into the StatLedger, and how far it may raise each on its
-// own: its room. The ledger grants the rooms (StatLedger::room) so that the lanes together can
-// never pass a peak, a pool's or the whole's: a change that does not fit is made under the whole
-// device instead, where the ledger is exact and moves the peak. So the peaks stay exact though no
-// lane writes shared state. Written only under the lane's lock, or under the whole device; whether
-// it changed since the last fold is the lane's to know (Lane::served).
-struct LaneStats {
-  enum Figure : int { kAllocation, kAllocatedBytes, kRequestedBytes, kInactiveSplit, kInactiveSplitBytes, kFigures };
-  // What the lane was granted: the most its change to each pool's current ([0] small, [1] large)
-  // and to their sum ([2]) may reach. Its change is room - left: it is kept as what is left of the
-  // room, so that a check is one compare and a change one subtraction.
-  std::int64_t room[kFigures][3] = {};
-  std::int64_t left[kFigures][3] = {};       // room less the lane's change; above room after decreases
-  std::int64_t decreased[kFigures][2] = {};  // its decreases, for the accumulated figures
-
-  // The lane's change to a pool's current ([2]: to the sum) since the last grant or fold.
-  std::int64_t change_of(int f, int i) const { return room[f][i] - left[f][i]; }
-  // A new room, with no change yet (at a grant, after the fold).
-  void grant(const std::int64_t (&granted)[kFigures][3]) {
-    std::memcpy(room, granted, sizeof room);
-    std::memcpy(left, granted, sizeof left);
-  }
-  // No change since: what is left is the room again (after a fold).
-  void clear_change() { std::memcpy(left, room, sizeof left); }
-
-  // The ledger's events of the cached path (StatLedger::hand_out, release, settle, split_change),
-  // on the lane's share; `t` is the pool: 0 small, 1 large.
-  void hand_out(int t, std::size_t size, std::size_t requested) {
-    increase(kAllocation, t, 1);
-    increase(kAllocatedBytes, t, static_cast<std::int64_t>(size));
-    increase(kRequestedBytes, t, static_cast<std::int64_t>(requested));
-  }
-  void release(int t, std::size_t size) {
-    decrease(kAllocation, t, 1);
-    decrease(kAllocatedBytes, t, static_cast<std::int64_t>(size));
-  }
-  void settle(int t, std::size_t requested) { decrease(kRequestedBytes, t, static_cast<std::int64_t>(requested)); }
-  void split_change(int t, std::int64_t blocks, std::int64_t bytes) {
-    change(kInactiveSplit, t, blocks);
-    change(kInactiveSplitBytes, t, bytes);
-  }
-  // Whether the room holds what a cached malloc adds: a hand-out of `size` bytes, `requested` asked,
-  // and, where `new_split` > 0, a new inactive split block of `new_split` bytes.
-  bool hand_out_fits(int t, std::size_t size, std::size_t requested, std::size_t new_split) const {
-    return fits(kAllocation, t, 1) && fits(kAllocatedBytes, t, static_cast<std::int64_t>(size)) &&
-           fits(kRequestedBytes, t, static_cast<std::int64_t>(requested)) &&
-           (new_split == 0 ||
-            (fits(kInactiveSplit, t, 1) && fits(kInactiveSplitBytes, t, static_cast<std::int64_t>(new_split))));
-  }
-  // The most a cached free can add: the freed block's `size` to the inactive split bytes, and one
-  // inactive split block unless it `joins` a free neighbour (then the blocks do not grow).
-  bool free_fits(int t, std::size_t size, bool joins) const {
-    return (joins || fits(kInactiveSplit, t, 1)) && fits(kInactiveSplitBytes, t, static_cast<std::int64_t>(size));
-  }
-
- private:
-  bool fits(int f, int t, std::int64_t amount) const { return left[f][t] >= amount && left[f][2] >= amount; }
-  void increase(int f, int t, std::int64_t amount) {
-    left[f][t] -= amount;
-    left[f][2] -= amount;
-  }
-  void decrease(int f, int t, std::int64_t amount) {
-    left[f][t] += amount;
-    left[f][2] += amount;
-    decreased[f][t] += amount;
-  }
-  void change(int f, int t, std::int64_t amount) {
-    if (amount > 0) {
-      increase(f, t, amount);
-    } else if (amount < 0) {
-      decrease(f, t, -amount);
-    }
-  }
-};
-
 // The statistics as a device allocator keeps them: changed only through the named events below,
 // each of which moves every figure it concerns at once, and read as a DeviceStats (snapshot()).
 //
@@ -174,6 +97,7 @@ struct LaneStats {
 //     pending: then hand_out raises a peak of its own (in active_), and the read takes the larger.
 //     Active only grows at hand_out, so that is exact.
 // One branch per event picks the pool. The counters (num_*) are plain fields, as in DeviceStats.
+// Written under the whole device, or by a lane's cached path under the ledger's lock (core/lanes.h).
 class StatLedger {
  public:
   // A block handed out to a caller: allocated and active; `requested` bytes asked for.
@@ -232,12 +156,6 @@ class StatLedger {
 
   // Whether a freed block is still used by a stream (then hand_out also moves active's own peak).
   bool any_pending() const { return pending_.current[0] != 0 || pending_.current[1] != 0; }
-  // Lanes (core/lanes.h), under the whole device: fold takes a lane's changes into the ledger and
-  // clears them; with every lane folded, room says what each of `lanes` lanes may have as its room:
-  // a `lanes`th of each figure's distance to its peaks, so that together they stay at or under them.
-  void fold(LaneStats& lane);
-  void room(int lanes, std::int64_t (&room)[LaneStats::kFigures][3]) const;
-
   std::int64_t allocated_bytes() const { return allocated_bytes_.whole(); }  // all pools, now
   std::int64_t reserved_bytes() const { return reserved_bytes_.whole(); }
 
@@ -284,8 +202,6 @@ class StatLedger {
   };
   static int pool(bool small) { return small ? 0 : 1; }
   void note_active_peak(int t);
-  Figure& lane_figure(int f);
-  const Figure& lane_figure(int f) const { return const_cast<StatLedger*>(this)->lane_figure(f); }
   // Active from allocation, pending and active's own peaks (`own`: only its peaks are used).
   static StatArray read_active(const Figure& allocated, const Figure& pending, const Figure& own);
   static void reset_active_peak(Figure& own, const Figure& allocated, const Figure& pending);

@@ -10,7 +10,7 @@
 namespace gpumem {
 
 void* DeviceAllocator::malloc_uncached(std::size_t requested) {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   if (requested > SIZE_MAX - kMinBlockSize) throw_oom(requested, requested);
   const std::size_t bytes = round_size(requested);
   measure_outside_locked();
@@ -36,7 +36,7 @@ void* DeviceAllocator::reserve_uncached(std::size_t bytes, bool& device_refused)
 }
 
 bool DeviceAllocator::free_uncached(void* ptr) {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   const auto it = uncached_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == uncached_.end()) return false;
   const std::size_t bytes = it->second;
@@ -50,7 +50,7 @@ bool DeviceAllocator::free_uncached(void* ptr) {
 }
 
 std::size_t DeviceAllocator::uncached_bytes() const {
-  std::lock_guard<DeviceLock> lock(mutex_);
+  const WholeDevice whole(*this);
   return uncached_bytes_;
 }
 

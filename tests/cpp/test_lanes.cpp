@@ -1,10 +1,9 @@
 // The cached path of each stream in its own lane (core/lanes.h): the statistics stay exact, peaks
-// included, though lanes change their shares without the whole device, and streams past the slots
-// still work under the whole device.
+// included, though lanes run without the whole device; every Block stays with its home arena, so
+// no loop grows host memory; streams past the slots still work under the whole device.
 //
 // These tests call the allocator directly, not through Sim's checked malloc and free: a check takes
-// the whole device, which folds every lane's share into the ledger, and the point here is what
-// happens between folds.
+// the whole device, and the point here is what the lanes do on their own.
 #include <algorithm>
 #include <map>
 #include <random>
@@ -61,7 +60,7 @@ struct Live {
 };
 
 // Leaves 64 MiB cached on each of streams 1 and 2 after a peak of 64 MiB (one held at a time), and
-// returns that peak; reading the statistics folds the lanes and grants them room.
+// returns that peak.
 I cache_64_mib_on_two_streams(Sim& sim) {
   Block* a = sim.alloc.malloc(64 * MiB, kStream1);
   const I peak = static_cast<I>(a->size);
@@ -73,7 +72,7 @@ I cache_64_mib_on_two_streams(Sim& sim) {
 
 }  // namespace
 
-TEST_CASE("cached mallocs on two streams stay in their lanes' room under the peak, and the one past it moves the peak exactly",
+TEST_CASE("cached mallocs on two streams under the peak leave it, and the one past it moves it exactly",
           "[lanes][stats]") {
   Sim sim;
   const I peak = cache_64_mib_on_two_streams(sim);
@@ -103,8 +102,7 @@ TEST_CASE("two streams whose cached mallocs together pass the peak move it exact
           "[lanes][stats]") {
   Sim sim;
   const I peak = cache_64_mib_on_two_streams(sim);
-  // Each lane alone could take a whole 64 MiB block within the distance to the peak; two at once
-  // pass it. So each lane's room must be its share of that distance, not all of it.
+  // Each lane alone stays within the distance to the peak; the two together pass it.
   Block* x1 = sim.alloc.malloc(40 * MiB, kStream1);
   Block* x2 = sim.alloc.malloc(40 * MiB, kStream2);
   const I held = static_cast<I>(x1->size + x2->size);
@@ -119,93 +117,110 @@ TEST_CASE("two streams whose cached mallocs together pass the peak move it exact
   sim.alloc.check_invariants();
 }
 
-TEST_CASE("the cached path in lanes keeps every statistic, of every pool, as the whole device keeps it",
-          "[lanes][stats]") {
-  for (const bool growable : {false, true}) {
-    INFO((growable ? "growable segments" : "plain segments"));
-    const StreamId streams[] = {kStream0, kStream1, kStream2, kStream3};
-    Sim lanes_sim(std::nullopt, kDeviceBytes, 0.0, growable ? kSimPage : 0);
-    Sim whole_sim(std::nullopt, kDeviceBytes, 0.0, growable ? kSimPage : 0);
-    // The same blocks in both: a 512-byte malloc and free on each test stream and on 32 others, in
-    // an order that gives the test streams slots (lanes) in the first only.
-    for (StreamId s : streams) lanes_sim.alloc.free(lanes_sim.alloc.malloc(512, s));
-    for (int i = 0; i < DeviceLock::kSlots; ++i) {
-      const auto other = static_cast<StreamId>(1000 + i);
-      lanes_sim.alloc.free(lanes_sim.alloc.malloc(512, other));
-      whole_sim.alloc.free(whole_sim.alloc.malloc(512, other));
-    }
-    for (StreamId s : streams) whole_sim.alloc.free(whole_sim.alloc.malloc(512, s));
-    // A cache, and peaks, to run under: 48 blocks on each stream held at once, then freed.
-    std::vector<std::pair<Block*, Block*>> warm;
-    for (int i = 0; i < 48; ++i) {
-      const std::size_t size = (std::size_t{1} << (9 + i % 14)) + 512 * static_cast<std::size_t>(i);
-      const StreamId stream = streams[i % 4];
-      warm.emplace_back(lanes_sim.alloc.malloc(size, stream), whole_sim.alloc.malloc(size, stream));
-    }
-    for (const auto& [a, b] : warm) {
-      lanes_sim.alloc.free(a);
-      whole_sim.alloc.free(b);
-    }
-    const std::uint64_t served_before = lanes_sim.alloc.served_in_lanes();
-    const std::uint64_t whole_served_before = whole_sim.alloc.served_in_lanes();  // the other streams'
+namespace {
 
-    std::mt19937_64 rng(growable ? 7 : 8);
-    std::uniform_real_distribution<double> log_size(std::log(512.0), std::log(4.0 * MiB));
-    std::vector<std::pair<Block*, Block*>> live;  // the same block in each
-    int calls = 0;
-    for (int op = 0; op < 6000; ++op) {
-      const int roll = static_cast<int>(rng() % 100);
-      if (!live.empty() && (roll < 46 || live.size() > 24)) {
-        const std::size_t i = rng() % live.size();
-        lanes_sim.alloc.free(live[i].first);
-        whole_sim.alloc.free(live[i].second);
-        live[i] = live.back();
-        live.pop_back();
-        ++calls;
-      } else if (roll < 97) {
-        const auto size = static_cast<std::size_t>(std::exp(log_size(rng)));
-        const StreamId stream = streams[rng() % 4];
-        Block* in_lanes = lanes_sim.alloc.malloc(size, stream);
-        Block* in_whole = whole_sim.alloc.malloc(size, stream);
-        REQUIRE(in_lanes->size == in_whole->size);
-        live.emplace_back(in_lanes, in_whole);
-        ++calls;
-      } else if (roll < 98) {
-        lanes_sim.alloc.reset_peak_stats();
-        whole_sim.alloc.reset_peak_stats();
-      } else if (roll < 99) {
-        lanes_sim.alloc.reset_accumulated_stats();
-        whole_sim.alloc.reset_accumulated_stats();
-      }
-      if (op % 97 == 0 || roll >= 99) {  // not after every operation: the lanes run on between folds
-        INFO("after operation " << op);
-        REQUIRE(flatten(lanes_sim.alloc.stats()) == flatten(whole_sim.alloc.stats()));
-      }
-    }
-    REQUIRE(flatten(lanes_sim.alloc.stats()) == flatten(whole_sim.alloc.stats()));
-    // Many of the calls were the lanes' alone, so the comparison is of the cached path in lanes. (Not
-    // most: this workload often passes its peaks, and an increase past a lane's room is the whole
-    // device's; a steady loop is served almost wholly in lanes, as bench_core prints.)
-    const std::uint64_t served = lanes_sim.alloc.served_in_lanes() - served_before;
-    INFO("served in lanes: " << served << " of " << calls);
-#if GPUMEM_CHECK_INVARIANTS
-    // Here the cached path holds the whole device (LaneGuard), whose every release grants all the
-    // room to the one lane just busy, so the other streams' next calls mostly fall back.
-    REQUIRE(served > 0);
-#else
-    REQUIRE(served > static_cast<std::uint64_t>(calls) / 10);
-#endif
-    REQUIRE(whole_sim.alloc.served_in_lanes() == whole_served_before);  // the test streams have no lane there
-    lanes_sim.alloc.check_invariants();
-    for (const auto& [a, b] : live) {
-      lanes_sim.alloc.free(a);
-      whole_sim.alloc.free(b);
-    }
-    REQUIRE(flatten(lanes_sim.alloc.stats()) == flatten(whole_sim.alloc.stats()));
+// The randomized workload of the comparison below, on four streams of one thread: random sizes
+// from 512 B to 4 MiB, up to 24 held; `reset_each_step`: the peaks are reset before every call.
+void compare_lanes_with_whole_device(bool growable, bool reset_each_step) {
+  INFO((growable ? "growable segments" : "plain segments") << (reset_each_step ? ", peaks reset each step" : ""));
+  const StreamId streams[] = {kStream0, kStream1, kStream2, kStream3};
+  Sim lanes_sim(std::nullopt, kDeviceBytes, 0.0, growable ? kSimPage : 0);
+  Sim whole_sim(std::nullopt, kDeviceBytes, 0.0, growable ? kSimPage : 0);
+  // The same blocks in both: a 512-byte malloc and free on each test stream and on 32 others, in
+  // an order that gives the test streams slots (lanes) in the first only.
+  for (StreamId s : streams) lanes_sim.alloc.free(lanes_sim.alloc.malloc(512, s));
+  for (int i = 0; i < DeviceLock::kSlots; ++i) {
+    const auto other = static_cast<StreamId>(1000 + i);
+    lanes_sim.alloc.free(lanes_sim.alloc.malloc(512, other));
+    whole_sim.alloc.free(whole_sim.alloc.malloc(512, other));
   }
+  for (StreamId s : streams) whole_sim.alloc.free(whole_sim.alloc.malloc(512, s));
+  // A cache, and peaks, to run under: 48 blocks on each stream held at once, then freed.
+  std::vector<std::pair<Block*, Block*>> warm;
+  for (int i = 0; i < 48; ++i) {
+    const std::size_t size = (std::size_t{1} << (9 + i % 14)) + 512 * static_cast<std::size_t>(i);
+    const StreamId stream = streams[i % 4];
+    warm.emplace_back(lanes_sim.alloc.malloc(size, stream), whole_sim.alloc.malloc(size, stream));
+  }
+  for (const auto& [a, b] : warm) {
+    lanes_sim.alloc.free(a);
+    whole_sim.alloc.free(b);
+  }
+  const std::uint64_t whole_served_before = whole_sim.alloc.served_in_lanes();  // the other streams'
+
+  std::mt19937_64 rng(growable ? 7 : 8);
+  std::uniform_real_distribution<double> log_size(std::log(512.0), std::log(4.0 * MiB));
+  std::vector<std::pair<Block*, Block*>> live;  // the same block in each
+  // A call is cached if it needed no new memory (reserved did not move); those are the lanes' to serve.
+  std::uint64_t cached_calls = 0, served_cached = 0;
+  const auto call = [&](auto&& run) {
+    const std::size_t reserved = lanes_sim.alloc.reserved();
+    const std::uint64_t served = lanes_sim.alloc.served_in_lanes();
+    run();
+    if (lanes_sim.alloc.reserved() == reserved) {
+      ++cached_calls;
+      served_cached += lanes_sim.alloc.served_in_lanes() - served;
+    }
+  };
+  for (int op = 0; op < 6000; ++op) {
+    if (reset_each_step) {
+      lanes_sim.alloc.reset_peak_stats();
+      whole_sim.alloc.reset_peak_stats();
+    }
+    const int roll = static_cast<int>(rng() % 100);
+    if (!live.empty() && (roll < 46 || live.size() > 24)) {
+      const std::size_t i = rng() % live.size();
+      call([&] { lanes_sim.alloc.free(live[i].first); });
+      whole_sim.alloc.free(live[i].second);
+      live[i] = live.back();
+      live.pop_back();
+    } else if (roll < 97) {
+      const auto size = static_cast<std::size_t>(std::exp(log_size(rng)));
+      const StreamId stream = streams[rng() % 4];
+      Block* in_lanes = nullptr;
+      call([&] { in_lanes = lanes_sim.alloc.malloc(size, stream); });
+      Block* in_whole = whole_sim.alloc.malloc(size, stream);
+      REQUIRE(in_lanes->size == in_whole->size);
+      live.emplace_back(in_lanes, in_whole);
+    } else if (roll < 98) {
+      lanes_sim.alloc.reset_peak_stats();
+      whole_sim.alloc.reset_peak_stats();
+    } else if (roll < 99) {
+      lanes_sim.alloc.reset_accumulated_stats();
+      whole_sim.alloc.reset_accumulated_stats();
+    }
+    if (op % 97 == 0 || roll >= 99) {  // not after every operation: the lanes run on between reads
+      INFO("after operation " << op);
+      REQUIRE(flatten(lanes_sim.alloc.stats()) == flatten(whole_sim.alloc.stats()));
+    }
+  }
+  REQUIRE(flatten(lanes_sim.alloc.stats()) == flatten(whole_sim.alloc.stats()));
+  // The lanes served the cached calls, and a peak reset does not send them to the whole device.
+  INFO("served in lanes: " << served_cached << " of " << cached_calls << " cached calls");
+  REQUIRE(cached_calls > 4000);
+  REQUIRE(served_cached * 100 >= cached_calls * 95);
+  REQUIRE(whole_sim.alloc.served_in_lanes() == whole_served_before);  // the test streams have no lane there
+  lanes_sim.alloc.check_invariants();
+  for (const auto& [a, b] : live) {
+    lanes_sim.alloc.free(a);
+    whole_sim.alloc.free(b);
+  }
+  REQUIRE(flatten(lanes_sim.alloc.stats()) == flatten(whole_sim.alloc.stats()));
 }
 
-TEST_CASE("random cached mallocs and frees on four streams keep every current and peak exact between folds",
+}  // namespace
+
+TEST_CASE("the cached path in lanes keeps every statistic, of every pool, as the whole device keeps it",
+          "[lanes][stats]") {
+  for (const bool growable : {false, true}) compare_lanes_with_whole_device(growable, false);
+}
+
+TEST_CASE("the lanes serve the cached calls, and keep every statistic exact, with the peaks reset before each call",
+          "[lanes][stats]") {
+  for (const bool growable : {false, true}) compare_lanes_with_whole_device(growable, true);
+}
+
+TEST_CASE("random cached mallocs and frees on four streams keep every current and peak exact",
           "[lanes][stats]") {
   Sim sim;
   std::mt19937_64 rng(15);
@@ -404,4 +419,68 @@ TEST_CASE("a block that is its whole segment is freed in its lane, with no inact
   REQUIRE(s.inactive_split_bytes[kAll].peak == 0);
   REQUIRE(s.allocated_bytes[kAll].peak == static_cast<I>(12 * MiB));
   sim.alloc.check_invariants();
+}
+
+namespace {
+
+// Host memory of the block lists: what `run` made the arenas add.
+template <class Run>
+std::size_t blocks_made_by(Sim& sim, Run run) {
+  const std::size_t before = sim.alloc.blocks_made();
+  run();
+  return sim.alloc.blocks_made() - before;
+}
+
+}  // namespace
+
+TEST_CASE("a malloc and free loop on one stream makes no Blocks, whichever path each call takes", "[lanes]") {
+  for (const bool growable : {false, true}) {
+    INFO((growable ? "growable segments" : "plain segments"));
+    Sim sim(std::nullopt, kDeviceBytes, 0.0, growable ? kSimPage : 0);
+    const auto pairs = [&](int n) {
+      for (int i = 0; i < n; ++i) sim.alloc.free(sim.alloc.malloc(4096, kStream1));
+    };
+    pairs(1000);
+    SECTION("both calls in the lane") {
+      REQUIRE(blocks_made_by(sim, [&] { pairs(200000); }) == 0);
+    }
+    SECTION("the malloc in the lane, the free under the whole device (a release threshold closes frees)") {
+      sim.alloc.set_release_threshold(1.0);
+      REQUIRE(blocks_made_by(sim, [&] { pairs(200000); }) == 0);
+    }
+    SECTION("the malloc under the whole device (a block pends on another stream), the free in the lane") {
+      Block* pending = sim.alloc.malloc(4096, kStream2);
+      sim.alloc.record_stream(pending, kStream3);
+      sim.alloc.free(pending);  // its event is not done: mallocs go to the whole device
+      REQUIRE(blocks_made_by(sim, [&] { pairs(200000); }) == 0);
+    }
+    sim.alloc.check_invariants();  // every arena's Blocks are its spares and its streams' blocks
+  }
+}
+
+TEST_CASE("training-like steps with a peak reset each step make no Blocks after the first", "[lanes]") {
+  for (const bool growable : {false, true}) {
+    INFO((growable ? "growable segments" : "plain segments"));
+    Sim sim(std::nullopt, kDeviceBytes, 0.0, growable ? kSimPage : 0);
+    std::mt19937_64 rng(3);
+    std::vector<std::size_t> sizes(64);
+    for (std::size_t& size : sizes) size = 512 + rng() % (8 * MiB);
+    const auto step = [&] {
+      sim.alloc.reset_peak_stats();
+      std::vector<Block*> held;
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        held.push_back(sim.alloc.malloc(sizes[i], i % 3 == 0 ? kStream2 : kStream1));
+        if (i % 4 == 3) {  // a quarter are freed within the step, in another order than made
+          sim.alloc.free(held[held.size() - 2]);
+          held.erase(held.end() - 2);
+        }
+      }
+      for (Block* b : held) sim.alloc.free(b);
+    };
+    for (int i = 0; i < 3; ++i) step();
+    REQUIRE(blocks_made_by(sim, [&] {
+              for (int i = 0; i < 5000; ++i) step();
+            }) == 0);
+    sim.alloc.check_invariants();
+  }
 }
