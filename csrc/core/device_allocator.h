@@ -18,8 +18,8 @@
 // are types of their own (free_set.h, split_merge.h, cap.h, stats.h).
 //
 // Locks (core/lanes.h): the cached malloc and free of a stream hold only that stream's lane, and
-// change the statistics in the lane's own share (malloc_in_lane, free_in_lane). Everything else
-// holds the whole device (DeviceLock: the device's lock and every lane), so it runs alone; every
+// write the one statistics ledger under its lock (malloc_in_lane, free_in_lane). Everything else
+// holds the whole device (WholeDevice: the device's lock and every lane), so it runs alone; every
 // public method takes it once, and private methods (suffix _locked where it matters) never take
 // it.
 #pragma once
