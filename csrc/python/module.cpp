@@ -351,6 +351,7 @@ void bind_sim_allocator(py::module_& m) {
       .def("growable", [](SimAllocator& s, int device) { return s.device(device).growable(); }, py::arg("device"))
       .def("stats", [](SimAllocator& s, int device) { return stats_dict(stats_of(s.core(), device)); }, py::arg("device"))
       .def("empty_cache", [](SimAllocator& s, int device) { s.device(device).empty_cache(); }, py::arg("device"))
+      .def("reset_peak_stats", [](SimAllocator& s, int device) { s.device(device).reset_peak_stats(); }, py::arg("device"))
       .def("complete_events", [](SimAllocator& s) { s.backend().complete_events(); })
       .def("fail_next", [](SimAllocator& s, int count) { s.backend().fail_next(count); }, py::arg("n"))
       .def("ledger", &SimAllocator::ledger, py::arg("device"))
