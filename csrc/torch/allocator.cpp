@@ -42,6 +42,7 @@ TorchAllocator::TorchAllocator(Backend& backend, std::unique_ptr<CudaContext> co
       traced_(backend, history_),
       core_(traced_, defaults),
       pool_blocks_(kMaxDevices) {
+  for (std::atomic<double>& fraction : fractions_) fraction.store(1.0);
   std::lock_guard<std::mutex> lock(adapters_mutex());
   adapters().push_back(this);
 }

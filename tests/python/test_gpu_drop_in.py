@@ -115,10 +115,28 @@ def test_per_process_memory_fraction_sets_the_cap_as_natively(fraction):
 def test_the_lower_of_the_fraction_and_gpumem_limit_holds():
     reported, limit, total = result(FRACTION, PYTORCH_CUDA_ALLOC_CONF="per_process_memory_fraction:0.5",
                                     GPUMEM_LIMIT="4GiB")
-    assert limit == 4 * GiB and reported == pytest.approx(4 * GiB / total)
+    assert limit == 4 * GiB and reported == 0.5  # the fraction set reads back; the limit is gpumem's
     _, limit, total = result(FRACTION, PYTORCH_CUDA_ALLOC_CONF="per_process_memory_fraction:0.01",
                              GPUMEM_LIMIT="4GiB")
     assert limit == int(0.01 * total)
+
+
+SET_FRACTIONS = """
+    import json, torch, gpumem
+    limit = (lambda: gpumem.get_limit(0)) if gpumem.is_enabled() else (lambda: None)
+    seen = [[torch.cuda.get_per_process_memory_fraction(0), limit()]]
+    for fraction in (1.0, 0.0, 0.3):
+        torch.cuda.set_per_process_memory_fraction(fraction, 0)
+        seen.append([torch.cuda.get_per_process_memory_fraction(0), limit()])
+    print(json.dumps([seen, torch.cuda.get_device_properties(0).total_memory]))
+"""
+
+
+def test_get_per_process_memory_fraction_reads_back_what_was_set_under_gpumem_limit():
+    native, _ = result(SET_FRACTIONS)
+    ours, total = result(SET_FRACTIONS, GPUMEM_LIMIT="4GiB")
+    assert [fraction for fraction, _ in native] == pytest.approx([1.0, 1.0, 0.0, 0.3])
+    assert ours == [[1.0, 4 * GiB], [1.0, total], [0.0, 0], [0.3, int(0.3 * total)]]
 
 
 @pytest.mark.parametrize("fraction", ["-0.1", "1.1"])
