@@ -199,6 +199,34 @@ def test_backend_cuda_malloc_async_with_gpumem_limit_stops_at_start_naming_both(
     assert "Traceback" not in completed.stderr
 
 
+# ---- memory snapshots ---------------------------------------------------------------------------------
+
+# torch's test_memory_plots: once trace_plot(filter_freed=True) has dropped the alloc and free
+# entries of every freed tensor, the 128x128 float tensor's 65536 bytes remain as the requested size
+# of the free block it was freed into (Note [the requested size of a free block], torch/history.h).
+FREED_INTO = """
+    import json, torch
+    from torch.cuda._memory_viz import trace_plot
+    torch.cuda.memory._record_memory_history("all", context=CONTEXT, stacks="python")
+    x = torch.rand(128, 128, device="cuda")
+    address = x.data_ptr()
+    x * x + x * x
+    del x
+    snapshot = torch.cuda.memory._snapshot()
+    trace_plot(snapshot, filter_freed=True)
+    shown = [b["requested_size"] for s in snapshot["segments"] for b in s["blocks"]
+             if b["state"] == "inactive" and b["address"] <= address < b["address"] + b["size"]]
+    print(json.dumps([shown, str(128 * 128 * 4) in json.dumps(snapshot)]))
+"""
+
+
+@pytest.mark.parametrize("context", ["None", "'all'"])
+def test_a_free_block_shows_the_size_of_the_tensor_freed_into_it_as_natively(context):
+    code = FREED_INTO.replace("CONTEXT", context)
+    assert result(code) == [[65536], True]  # natively
+    assert result(code, GPUMEM_LIMIT="4GB") == [[65536], True]
+
+
 # ---- mem_get_info under a cap -------------------------------------------------------------------------
 
 
