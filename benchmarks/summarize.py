@@ -184,6 +184,8 @@ def main() -> None:
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     out = pathlib.Path(sys.argv[1])
+    if not out.is_dir():
+        sys.exit(f"summarize.py: {out} is not a directory of run_all.sh's results")
     for part in (allocator_cost, torch_empty, training_step, under_cap, replay):
         part(out)
     print(machine(out) + "\n")
