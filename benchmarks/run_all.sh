@@ -12,11 +12,14 @@ cd "$(dirname "$0")/.." || exit 1
 OUT=${1:-bench-out}
 BIN=${BENCH_BUILD_DIR:-/tmp/gpumem-bench-build}  # objects and binary: kept out of OUTDIR
 BUDGET=${BENCH_BUDGET_S:-430}
+ALLOC_ROUNDS=${BENCH_ALLOC_ROUNDS:-3}  # part 1: processes (each times every allocator, alternating)
 EMPTY_ROUNDS=${BENCH_EMPTY_ROUNDS:-3}  # part 2: processes per allocator, alternating
 TRAIN_ROUNDS=${BENCH_TRAIN_ROUNDS:-3}  # part 3: processes per allocator, alternating
 mkdir -p "$OUT"
 # A previous run's results would mix into the medians: remove them (only files this script writes).
-rm -f "$OUT"/{allocators,replay,machine}.json "$OUT"/{install,machine,build,allocators,replay}.log \
+# A measurement repeated in processes is NAME-ROUND.{json,log}; summarize.py reads each NAME's
+# rounds by their exact name (training-step-gpumem-1.json, never training-step-gpumem-plain-1.json).
+rm -f "$OUT"/{replay,machine}.json "$OUT"/{install,machine,build,replay}.log "$OUT"/allocators-*.{json,log} \
   "$OUT"/torch_empty-*.{json,log} "$OUT"/training-*.{json,log} "$OUT"/summary.md
 unset GPUMEM_LIMIT PYTORCH_CUDA_ALLOC_CONF  # each process picks its allocator itself
 SECONDS=0
@@ -69,7 +72,9 @@ if ! "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; 
 fi
 
 if ((BUILT == 0)); then
-  run allocators 90 "$BIN/bench_allocators" --pairs 200000 --runs 7 --cuda-pairs 2000 --out "$OUT/allocators.json"
+  for ((r = 1; r <= ALLOC_ROUNDS; r++)); do
+    run "allocators-$r" 90 "$BIN/bench_allocators" --pairs 200000 --runs 7 --cuda-pairs 2000 --out "$OUT/allocators-$r.json"
+  done
 fi
 
 for ((r = 1; r <= EMPTY_ROUNDS; r++)); do

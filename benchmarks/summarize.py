@@ -4,12 +4,15 @@
     python3 benchmarks/summarize.py OUTDIR        (prints the table; paste it into docs/benchmarks.md)
 
 Reads the JSON files run_all.sh writes into OUTDIR; a part with no file is reported as not
-measured, pointing at its log.
+measured, pointing at its log. A measurement repeated in several processes is NAME-1.json,
+NAME-2.json, ...; each row is computed from its own NAME's files only (so "gpumem" never takes in
+"gpumem-plain"'s, nor "native" "native-expandable"'s), and shows the spread over its processes.
 """
 from __future__ import annotations
 
 import json
 import pathlib
+import re
 import statistics
 import sys
 
@@ -21,8 +24,30 @@ def row(part: str, figure: str, value: str, target: str = "-", verdict: str = "-
     ROWS.append((part, figure, value, target, verdict))
 
 
-def load(out: pathlib.Path, pattern: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(out.glob(pattern))]
+def load(out: pathlib.Path, name: str) -> list[dict]:
+    """The result in OUTDIR/NAME, as a list of one, or none."""
+    path = out / name
+    return [json.loads(path.read_text())] if path.is_file() else []
+
+
+def rounds(out: pathlib.Path, name: str) -> list[dict]:
+    """The results of NAME's processes, NAME-1.json, NAME-2.json, ... in round order: that name
+    exactly, never a longer one that starts with it (training-step-gpumem-plain-1.json is not
+    training-step-gpumem's)."""
+    own = re.compile(re.escape(name) + r"-([0-9]+)\.json")
+    found = [(int(m.group(1)), p) for p in out.iterdir() if (m := own.fullmatch(p.name))]
+    return [json.loads(p.read_text()) for _, p in sorted(found)]
+
+
+def spread(values: list[float], unit: str = "", digits: int = 0) -> str:
+    """min / median / max over the processes, or the one value."""
+    def shown(v: float) -> str:
+        return f"{v:.{digits}f}{unit}"
+
+    if len(values) == 1:
+        return f"1 process: {shown(values[0])}"
+    low, mid, high = min(values), statistics.median(values), max(values)
+    return f"{len(values)} processes: min {shown(low)}, median {shown(mid)}, max {shown(high)}"
 
 
 def at_most(value: float, bound: float) -> str:
@@ -38,41 +63,48 @@ def missing(part: str, figure: str, log: str) -> None:
 
 
 def allocator_cost(out: pathlib.Path) -> None:
-    found = load(out, "allocators.json")
+    found = rounds(out, "allocators")
     if not found:
-        return missing("1", "malloc+free pair through CUDAAllocator", "allocators.log")
-    subjects = found[0]["subjects"]
-    native = subjects["native"]["ns_per_pair"]
-    row("1", "malloc+free pair, PyTorch native (CUDAAllocator)", f"{native:.0f} ns", verdict="baseline")
+        return missing("1", "malloc+free pair through CUDAAllocator", "allocators-*.log")
+    # Each process's figure is the median of its runs; the row is the median over the processes.
+    by = {key: [r["subjects"][key]["ns_per_pair"] for r in found if key in r["subjects"]]
+          for key in ("native", "gpumem", "cub", "cudaMalloc")}
+    native = statistics.median(by["native"])
+    row("1", "malloc+free pair, PyTorch native (CUDAAllocator)", f"{native:.0f} ns ({spread(by['native'], ' ns')})",
+        verdict="baseline")
     names = {"gpumem": "gpumem (CUDAAllocator)", "cub": "CUB CachingDeviceAllocator", "cudaMalloc": "cudaMalloc + cudaFree"}
     for key, name in names.items():
-        if key not in subjects:
+        if not by[key]:
             continue
-        ns, ratio = subjects[key]["ns_per_pair"], subjects[key]["ns_per_pair"] / native
+        ns = statistics.median(by[key])
+        ratio = ns / native
         target, verdict = ("<= 0.5 x native", at_most(ratio, 0.5)) if key == "gpumem" else ("-", "-")
-        row("1", f"malloc+free pair, {name}", f"{ns:.0f} ns ({ratio:.3f} x native)", target, verdict)
+        row("1", f"malloc+free pair, {name}", f"{ns:.0f} ns ({ratio:.3f} x native; {spread(by[key], ' ns')})",
+            target, verdict)
 
 
 def torch_empty(out: pathlib.Path) -> None:
-    by = {a: [r["ns_per_pair"] for r in load(out, f"torch_empty-{a}-*.json")] for a in ("gpumem", "native")}
+    by = {a: [r["ns_per_pair"] for r in rounds(out, f"torch_empty-{a}")] for a in ("gpumem", "native")}
     if not all(by.values()):
         return missing("2", "torch.empty + release", "torch_empty-*.log")
     gpumem, native = statistics.median(by["gpumem"]), statistics.median(by["native"])
-    row("2", "torch.empty + release, native", f"{native:.0f} ns/pair ({len(by['native'])} processes)", verdict="baseline")
-    row("2", "torch.empty + release, gpumem", f"{gpumem:.0f} ns/pair ({gpumem / native:.3f} x native)",
+    row("2", "torch.empty + release, native", f"{native:.0f} ns/pair ({spread(by['native'], ' ns')})",
+        verdict="baseline")
+    row("2", "torch.empty + release, gpumem",
+        f"{gpumem:.0f} ns/pair ({gpumem / native:.3f} x native; {spread(by['gpumem'], ' ns')})",
         "none stated (< 1: gpumem faster)")
 
 
 def training_step(out: pathlib.Path) -> None:
-    runs = {a: load(out, f"training-step-{a}-*.json") for a in ("gpumem", "gpumem-plain", "native", "native-expandable")}
+    runs = {a: rounds(out, f"training-step-{a}") for a in ("gpumem", "gpumem-plain", "native", "native-expandable")}
     if not (runs["gpumem"] and runs["native"]):
         return missing("3", "training step", "training-step-*.log")
     per_step = {a: statistics.median(p / len(r["lengths"]) * 1e3 for r in rs for p in r["pass_s"])
                 for a, rs in runs.items() if rs}
     first = runs["gpumem"][0]
     shape = f"batch {first['batch']}, lengths {min(first['lengths'])}-{max(first['lengths'])}"
-    for a, ms in per_step.items():
-        row("3", f"step time, {a} ({shape})", f"{ms:.2f} ms")
+    for a, ms in per_step.items():  # the median over every pass; the spread is of the processes' medians
+        row("3", f"step time, {a} ({shape})", f"{ms:.2f} ms ({spread([r['step_ms'] for r in runs[a]], ' ms', 2)})")
     throughput = per_step["native"] / per_step["gpumem"]
     row("3", "throughput, gpumem / native (native step time / gpumem's)", f"{throughput:.4f}", ">= 0.99",
         at_least(throughput, 0.99))
@@ -82,9 +114,11 @@ def training_step(out: pathlib.Path) -> None:
         target, verdict = "-", "-"
         if a == "gpumem" and "native-expandable" in ratios:
             bound = ratios["native-expandable"]
-            target = f"< native-expandable ({bound:.3f})"
-            verdict = f"met ({ratio:.3f} < {bound:.3f})" if ratio < bound else f"missed by {ratio - bound:.3f}"
-        row("3", f"peak reserved / peak allocated, {a}", f"{ratio:.3f} (peak allocated {peak:.2f} GiB)", target, verdict)
+            target = f"< native-expandable ({bound:.4f})"
+            verdict = f"met ({ratio:.4f} < {bound:.4f})" if ratio < bound else f"missed by {ratio - bound:.4f}"
+        row("3", f"peak reserved / peak allocated, {a}",
+            f"{ratio:.4f} (peak allocated {peak:.2f} GiB; {spread([r['reserved_over_allocated'] for r in runs[a]], '', 4)})",
+            target, verdict)
 
 
 def under_cap(out: pathlib.Path) -> None:
@@ -150,6 +184,8 @@ def main() -> None:
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     out = pathlib.Path(sys.argv[1])
+    if not out.is_dir():
+        sys.exit(f"summarize.py: {out} is not a directory of run_all.sh's results")
     for part in (allocator_cost, torch_empty, training_step, under_cap, replay):
         part(out)
     print(machine(out) + "\n")

@@ -42,6 +42,7 @@ TorchAllocator::TorchAllocator(Backend& backend, std::unique_ptr<CudaContext> co
       traced_(backend, history_),
       core_(traced_, defaults),
       pool_blocks_(kMaxDevices) {
+  for (std::atomic<double>& fraction : fractions_) fraction.store(1.0);
   std::lock_guard<std::mutex> lock(adapters_mutex());
   adapters().push_back(this);
 }
@@ -138,6 +139,7 @@ Block* TorchAllocator::malloc_recorded(int device, size_t size, StreamId stream,
   // As native, where a segment's stack rides on the block heading it and a block split off the
   // front starts without one: once its head is split for a request, a segment shows no stack.
   if (CachingAllocator::heads_a_split(block)) history_.forget(History::kSegments, device, block->addr);
+  history_.drop_frees(device, block->addr, block->size);
   history_.remember(History::kBlocks, device, block->addr, context);
   record(History::Action::ALLOC, device, block->ptr(), size, block->stream, pool, std::move(context));
   return block;
@@ -218,6 +220,7 @@ History::Context TorchAllocator::record_free(int device, const Block* block) {
   const PoolId pool = CachingAllocator::pool_of(block);
   History::Context freeing = history_.gather(History::RecordContext::ALL);
   History::Context allocating = history_.forget(History::kBlocks, device, block->addr);
+  history_.note_free(device, block->addr, block->requested);
   const History::Context& context = freeing ? freeing : allocating;
   record(History::Action::FREE_REQUESTED, device, block->ptr(), block->requested, block->stream, pool, context);
   // A block still used by other streams completes later, inside the core, unseen by the history.

@@ -34,6 +34,7 @@
 //    (IPC, peer access, copies).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -107,9 +108,15 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
   torch_compat::TorchDeviceStats getDeviceStats(DeviceIndex device) override;
   void resetAccumulatedStats(DeviceIndex device) override;
   void resetPeakStats(DeviceIndex device) override;
-  // The limit as a share of the device's total memory, both ways; fraction in [0, 1].
+  // torch.cuda.set_per_process_memory_fraction and its read-back. Setting makes the limit that
+  // share of the device's total memory; reading gives the fraction set last, as natively: by
+  // setMemoryFraction, else by torch's per_process_memory_fraction at start-up (1 when neither
+  // did), whatever else set the limit since (GPUMEM_LIMIT, gpumem.set_limit). The limit in force
+  // is the core's (gpumem.get_limit()).
   double getMemoryFraction(DeviceIndex device) GPUMEM_OVERRIDE_IF(GPUMEM_TORCH_HAS_GET_MEMORY_FRACTION);
   void setMemoryFraction(double fraction, DeviceIndex device) override;
+  // torch's per_process_memory_fraction as the start-up applied it to every device (torch/startup.h).
+  void set_startup_fraction(double fraction);
 #if GPUMEM_TORCH_HAS_EMPTY_CACHE_POOL
   void emptyCache(MempoolId mempool_id) override;
 #else
@@ -228,6 +235,7 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
   TracingBackend traced_;
   CachingAllocator core_;
   PoolBlocks pool_blocks_;
+  std::array<std::atomic<double>, kMaxDevices> fractions_;  // what getMemoryFraction reads back
   std::atomic<bool> initialized_{false};
   std::atomic<bool> enabled_{true};
   std::mutex observers_mutex_;

@@ -73,6 +73,7 @@ void History::configure(bool enabled, CreateContextFn recorder, std::size_t max_
     when_ = RecordContext::NEVER;
     // Frees are no longer reported, so the tables could not follow the blocks any more.
     for (auto& map : contexts_) map.clear();
+    freed_.clear();
   }
   for (Ring& ring : rings_) {
     if (clear || !enabled) ring = Ring{};
@@ -103,6 +104,7 @@ void History::stop() {
   recorder_ = nullptr;
   trackers_.clear();
   for (auto& map : contexts_) map.clear();
+  freed_.clear();
   set_active_locked(false);
 }
 
@@ -191,6 +193,26 @@ History::Context History::context(Table table, int device, std::uintptr_t addr) 
   const auto& map = contexts_[table];
   auto it = map.find({device, addr});
   return it == map.end() ? nullptr : it->second;
+}
+
+void History::note_free(int device, std::uintptr_t addr, std::size_t requested) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (enabled_) freed_[{device, addr}] = Freed{++frees_, requested};
+}
+
+void History::drop_frees(int device, std::uintptr_t addr, std::size_t size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (freed_.empty()) return;
+  freed_.erase(freed_.lower_bound({device, addr}), freed_.lower_bound({device, addr + size}));
+}
+
+std::size_t History::last_freed_within(int device, std::uintptr_t addr, std::size_t size) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Freed* latest = nullptr;
+  for (auto it = freed_.lower_bound({device, addr}); it != freed_.end() && it->first < Key{device, addr + size}; ++it) {
+    if (!latest || it->second.order > latest->order) latest = &it->second;
+  }
+  return latest ? latest->requested : 0;
 }
 
 std::vector<std::vector<TraceEntry>> History::traces(int devices) const {

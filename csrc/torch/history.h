@@ -12,10 +12,23 @@
 //   ALL    also the stack that freed, on free and segment-release entries.
 // The adapter gathers a stack with gather(level) before it takes any allocator lock (the
 // recorder takes the GIL), and hands it to record() and to the live tables below.
+//
+// Note [the requested size of a free block]
+//   A native snapshot shows a free block with the size its Block was last asked for: a freed
+//   Block absorbs its free neighbours and keeps its requested_size, so the free block a freed
+//   tensor merges into shows that tensor's size (torch's test_memory_plots finds a freed
+//   128x128 float tensor's 65536 there once filter_freed has dropped the trace's alloc and free
+//   entries). gpumem's core keeps no requested size for free blocks. While recording, the
+//   history notes each free's address and requested bytes, drops the notes of memory handed out
+//   again or given back to the device, and a snapshot's free block shows the latest free noted
+//   inside it, else 0. Unlike native, a free block whose head was handed out again loses the
+//   note there, and without recording free blocks show 0. The notes lie in free memory, one per
+//   address a block started at: no more than the blocks the device held.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -73,6 +86,12 @@ class History {
   Context forget(Table table, int device, std::uintptr_t addr);  // the stack, or nullptr
   Context context(Table table, int device, std::uintptr_t addr) const;
 
+  // The requested sizes of freed blocks, while recording (Note [the requested size of a free block]).
+  void note_free(int device, std::uintptr_t addr, std::size_t requested);
+  void drop_frees(int device, std::uintptr_t addr, std::size_t size);  // handed out or given back
+  // The requested bytes of the latest free noted in [addr, addr + size), 0 if none.
+  std::size_t last_freed_within(int device, std::uintptr_t addr, std::size_t size) const;
+
   // Tags for the entries that follow: the innermost torch.compile region and the user's metadata.
   void push_compile_context(std::string name);
   void pop_compile_context();
@@ -89,6 +108,10 @@ class History {
     std::size_t next = 0;  // where the next entry goes once the ring is full
   };
   using Key = std::pair<int, std::uintptr_t>;
+  struct Freed {
+    std::uint64_t order;  // later frees have higher numbers
+    std::size_t requested;
+  };
   static constexpr int kActions = static_cast<int>(Action::OOM) + 1;
 
   void set_active_locked(bool active);
@@ -104,6 +127,8 @@ class History {
   std::vector<Ring> rings_;
   std::vector<Tracker> trackers_;
   std::map<Key, Context> contexts_[2];  // by Table
+  std::map<Key, Freed> freed_;
+  std::uint64_t frees_ = 0;
   std::string user_metadata_;
   std::vector<std::string> compile_contexts_;  // innermost last
 

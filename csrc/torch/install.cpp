@@ -48,7 +48,7 @@ void install(StartupSettings settings) {
   if (current == &ours) return;
   if (current && current->initialized()) throw std::runtime_error(kTooLateToInstall);
   if (current && current->name() == "cudaMallocAsync") throw std::runtime_error(kAsyncBackendChosen);
-  ours.core().defer_setup(startup_setup(std::move(settings)));
+  ours.core().defer_setup(startup_setup(ours, std::move(settings)));
   // The shared_ptr torch keeps must never delete the allocator: it lives as long as the process.
   std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> handle(&ours, [](auto*) {});
   try {

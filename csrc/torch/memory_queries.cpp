@@ -1,6 +1,6 @@
-// What torch asks about a device's memory: statistics, the limit as a fraction, free memory, the
-// cache. A device whose allocator does not exist yet has allocated nothing: its statistics are
-// zero and asking for them creates nothing.
+// What torch asks about a device's memory: statistics, the fraction of it set as the limit, free
+// memory, the cache. A device whose allocator does not exist yet has allocated nothing: its
+// statistics are zero and asking for them creates nothing.
 #include <algorithm>
 #include <map>
 #include <utility>
@@ -25,10 +25,11 @@ void TorchAllocator::resetPeakStats(DeviceIndex device) {
   if (gpumem::DeviceAllocator* d = with_c10_errors([&] { return core_.existing(device); })) d->reset_peak_stats();
 }
 
+// The device's allocator first: it checks the index, and its making runs the start-up, which sets
+// the fraction read back until a call sets another.
 double TorchAllocator::getMemoryFraction(DeviceIndex device) {
-  gpumem::DeviceAllocator& d = this->device(device);
-  const std::size_t total = d.device_total();
-  return total == 0 ? 0.0 : static_cast<double>(d.limit()) / static_cast<double>(total);
+  this->device(device);
+  return fractions_[device].load();
 }
 
 // torch.cuda.set_per_process_memory_fraction: gpumem's limit becomes fraction * total. As with
@@ -41,6 +42,11 @@ void TorchAllocator::setMemoryFraction(double fraction, DeviceIndex device) {
   gpumem::DeviceAllocator& d = this->device(device);
   const auto limit = static_cast<std::size_t>(fraction * static_cast<double>(d.device_total()));
   with_c10_errors([&] { d.set_limit(std::optional<std::size_t>(limit)); });
+  fractions_[device].store(fraction);
+}
+
+void TorchAllocator::set_startup_fraction(double fraction) {
+  for (std::atomic<double>& f : fractions_) f.store(fraction);
 }
 
 // As native's emptyCache(pool), on every device: the default id releases the default pool's cached

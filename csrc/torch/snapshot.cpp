@@ -19,7 +19,9 @@ torch_compat::TorchSegmentInfo to_torch_segment(int device, const SegmentInfo& s
   for (const BlockInfo& block : segment.blocks) {
     torch_compat::TorchBlockInfo info;
     info.size = block.size;
-    info.requested_size = block.requested;
+    // Note [the requested size of a free block] (torch/history.h).
+    info.requested_size = block.state == BlockInfo::kFree ? history.last_freed_within(device, block.addr, block.size)
+                                                          : block.requested;
     // torch's states: allocated and active = active_allocated; active only = active_pending_free
     // (freed, still used by a stream); neither = inactive.
     info.allocated = block.state == BlockInfo::kAllocated;

@@ -7,6 +7,7 @@
 
 #include "core/errors.h"
 #include "core/limit_spec.h"
+#include "torch/allocator.h"
 #include "torch/compat.h"
 #if GPUMEM_TORCH_HAS_FRACTION_SETTING
 #include <c10/cuda/CUDAAllocatorConfig.h>
@@ -135,7 +136,8 @@ TorchSettings read_torch_settings(std::optional<std::string_view> text) {
   return settings;
 }
 
-void apply_startup(CachingAllocator& core, const StartupSettings& settings, const TorchSettings& torch) {
+void apply_startup(TorchAllocator& adapter, const StartupSettings& settings, const TorchSettings& torch) {
+  CachingAllocator& core = adapter.core();
   const int count = core.device_count();
   std::vector<std::size_t> totals;
   for (int d = 0; d < count; ++d) totals.push_back(core.backend().total_memory(d));
@@ -155,6 +157,7 @@ void apply_startup(CachingAllocator& core, const StartupSettings& settings, cons
     configs.push_back(config);
   }
   for (int d = 0; d < count; ++d) core.configure(d, configs[d]);
+  adapter.set_startup_fraction(torch.fraction);
   warn_ignored(torch.ignored);
 }
 
@@ -179,9 +182,9 @@ void apply_changed_torch_settings(CachingAllocator& core, std::string_view text,
   warn_ignored(torch.ignored);
 }
 
-std::function<void(CachingAllocator&)> startup_setup(StartupSettings settings) {
-  return [settings = std::move(settings)](CachingAllocator& core) {
-    apply_startup(core, settings, read_torch_settings());
+std::function<void(CachingAllocator&)> startup_setup(TorchAllocator& adapter, StartupSettings settings) {
+  return [&adapter, settings = std::move(settings)](CachingAllocator&) {
+    apply_startup(adapter, settings, read_torch_settings());
   };
 }
 

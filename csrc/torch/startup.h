@@ -30,6 +30,8 @@
 
 namespace gpumem {
 
+class TorchAllocator;
+
 struct StartupSettings {
   std::optional<std::string> limits;  // GPUMEM_LIMIT's text; its syntax was checked at install
   std::optional<bool> growable;       // GPUMEM_SEGMENTS
@@ -57,13 +59,14 @@ std::set<std::string> setting_keys(std::string_view text);
 // Throws torch's own error for an invalid value.
 TorchSettings read_torch_settings(std::optional<std::string_view> text = std::nullopt);
 
-// The setup for CachingAllocator::defer_setup: applies `settings` and torch's settings to every
-// device. Throws LimitSpecError, DeviceError or torch's error, naming the setting and its value,
-// having changed nothing.
-std::function<void(CachingAllocator&)> startup_setup(StartupSettings settings);
+// The setup for `adapter`'s CachingAllocator::defer_setup: applies `settings` and torch's settings
+// to every device, and tells the adapter the fraction it applied (getMemoryFraction reads it back).
+// Throws LimitSpecError, DeviceError or torch's error, naming the setting and its value, having
+// changed nothing.
+std::function<void(CachingAllocator&)> startup_setup(TorchAllocator& adapter, StartupSettings settings);
 
 // The same over settings already read: what startup_setup does after reading torch's.
-void apply_startup(CachingAllocator& core, const StartupSettings& settings, const TorchSettings& torch);
+void apply_startup(TorchAllocator& adapter, const StartupSettings& settings, const TorchSettings& torch);
 
 // torch's settings changed at run time (torch._C._accelerator_setAllocatorSettings(text), after
 // torch parsed `text`): what `text` names of expandable_segments and garbage_collection_threshold

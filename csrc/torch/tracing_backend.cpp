@@ -45,6 +45,7 @@ void TracingBackend::release(int device, void* ptr, std::size_t bytes) {
     const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
     quietly([&] {
       History::Context made = history_.forget(History::kSegments, device, addr);
+      history_.drop_frees(device, addr, bytes);
       history_.record(History::Action::SEGMENT_FREE, device, addr, bytes, request.stream, {},
                       request.context ? request.context : made);
     });
@@ -69,6 +70,7 @@ void TracingBackend::unmap(int device, void* ptr, std::size_t bytes) {
     const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
     quietly([&] {
       History::Context made = history_.forget(History::kSegments, device, addr);
+      history_.drop_frees(device, addr, bytes);
       history_.record(History::Action::SEGMENT_UNMAP, device, addr, bytes, request.stream, {},
                       request.context ? request.context : made);
     });

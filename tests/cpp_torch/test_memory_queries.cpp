@@ -13,19 +13,37 @@ TEST_CASE("setMemoryFraction sets the limit to that share of the device's total"
   REQUIRE(sim.core_device().limit() == 256 * MiB);
 }
 
-TEST_CASE("getMemoryFraction is the limit as a share of the device's total", "[torch][fraction]") {
+TEST_CASE("getMemoryFraction is 1 until a fraction is set, as natively", "[torch][fraction]") {
   SimAdapter sim(1 * GiB);
   REQUIRE(sim.adapter.getMemoryFraction(0) == 1.0);
+}
+
+TEST_CASE("getMemoryFraction reads back the fraction set, exactly, per device", "[torch][fraction]") {
+  SimAdapter sim(1 * GiB);
+  for (const double fraction : {1.0, 0.0, 0.3, 0.7071}) {
+    sim.adapter.setMemoryFraction(fraction, 0);
+    REQUIRE(sim.adapter.getMemoryFraction(0) == fraction);
+  }
+  REQUIRE(sim.adapter.getMemoryFraction(1) == 1.0);
+}
+
+TEST_CASE("a limit set another way leaves the fraction read back as it was", "[torch][fraction]") {
+  SimAdapter sim(1 * GiB);
   sim.core_device().set_limit(std::string_view("512MB"));
-  REQUIRE(sim.adapter.getMemoryFraction(0) == 0.5);
+  REQUIRE(sim.adapter.getMemoryFraction(0) == 1.0);
+  sim.adapter.setMemoryFraction(0.25, 0);
+  sim.core_device().set_limit(std::string_view("768MB"));
+  REQUIRE(sim.adapter.getMemoryFraction(0) == 0.25);
+  REQUIRE(sim.core_device().limit() == 768 * MiB);
 }
 
 TEST_CASE("a memory fraction outside 0 to 1 is a c10::ValueError and changes nothing", "[torch][fraction]") {
   SimAdapter sim(1 * GiB);
-  sim.core_device().set_limit(std::string_view("512MB"));
+  sim.adapter.setMemoryFraction(0.5, 0);
   REQUIRE_THROWS_AS(sim.adapter.setMemoryFraction(1.5, 0), c10::ValueError);
   REQUIRE_THROWS_WITH(sim.adapter.setMemoryFraction(-0.1, 0), Catch::Contains("gpumem: bad memory fraction"));
   REQUIRE(sim.core_device().limit() == 512 * MiB);
+  REQUIRE(sim.adapter.getMemoryFraction(0) == 0.5);
 }
 
 TEST_CASE("the limit a fraction sets is enforced", "[torch][fraction]") {

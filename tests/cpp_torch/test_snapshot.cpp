@@ -193,3 +193,75 @@ TEST_CASE("an attached trace tracker sees allocations without history on", "[tor
   REQUIRE(seen == std::vector<Action>{Action::SEGMENT_ALLOC, Action::ALLOC, Action::FREE_REQUESTED, Action::FREE_COMPLETED});
   REQUIRE(actions(sim.adapter).empty());
 }
+
+// ---- the requested size of a free block (Note [the requested size of a free block]) ----
+
+namespace {
+
+// The requested size the snapshot shows for the free block at `addr`, -1 if none starts there.
+long long free_block_requested(TorchAllocator& adapter, std::uintptr_t addr) {
+  for (const auto& segment : adapter.snapshot_of({0, 0}, false).segments) {
+    std::uintptr_t at = segment.address;
+    for (const auto& block : segment.blocks) {
+      if (at == addr && !block.active) return static_cast<long long>(block.requested_size);
+      at += block.size;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("while recording, a free block shows the size of the block freed into it last, as native",
+          "[torch][snapshot][history]") {
+  SimAdapter sim;
+  record_history(sim.adapter, 100);
+  c10::DataPtr first = sim.adapter.allocate(1000);
+  c10::DataPtr second = sim.adapter.allocate(3000);
+  const std::uintptr_t start = address_of(first);
+  second.clear();
+  REQUIRE(free_block_requested(sim.adapter, start + 1024) == 3000);
+  first.clear();  // merges with the free block after it
+  REQUIRE(only_segment(sim.adapter.snapshot_of({0, 0}, false)).blocks.size() == 1);
+  REQUIRE(free_block_requested(sim.adapter, start) == 1000);
+}
+
+TEST_CASE("memory handed out again no longer shows what was freed there", "[torch][snapshot][history]") {
+  SimAdapter sim;
+  record_history(sim.adapter, 100);
+  std::uintptr_t start = 0;
+  {
+    c10::DataPtr freed = sim.adapter.allocate(1000);
+    start = address_of(freed);
+  }
+  c10::DataPtr again = sim.adapter.allocate(4096);
+  REQUIRE(address_of(again) == start);
+  REQUIRE(free_block_requested(sim.adapter, start + 4096) == 0);
+}
+
+TEST_CASE("a segment given back to the device takes what was freed in it along", "[torch][snapshot][history]") {
+  SimAdapter sim;
+  record_history(sim.adapter, 100);
+  std::uintptr_t start = 0;
+  {
+    c10::DataPtr head = sim.adapter.allocate(1000);
+    c10::DataPtr next = sim.adapter.allocate(1000);
+    start = address_of(head);
+  }
+  sim.adapter.emptyCache({0, 0});
+  c10::DataPtr fresh = sim.adapter.allocate(512);
+  REQUIRE(address_of(fresh) == start);  // the simulated device hands the same range out again
+  REQUIRE(free_block_requested(sim.adapter, start + 512) == 0);
+}
+
+TEST_CASE("without recording a free block shows no requested size", "[torch][snapshot][history]") {
+  SimAdapter sim;
+  record_history(sim.adapter, 100);
+  std::uintptr_t start = 0;
+  {
+    c10::DataPtr freed = sim.adapter.allocate(1000);
+    start = address_of(freed);
+  }
+  sim.adapter.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {});
+  REQUIRE(free_block_requested(sim.adapter, start) == 0);
+}

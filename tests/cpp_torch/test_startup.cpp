@@ -21,7 +21,7 @@ namespace {
 
 void start(SimAdapter& sim, StartupSettings settings, TorchSettings torch = {}) {
   sim.adapter.core().defer_setup(
-      [settings, torch](CachingAllocator& core) { apply_startup(core, settings, torch); });
+      [&sim, settings, torch](CachingAllocator&) { apply_startup(sim.adapter, settings, torch); });
 }
 
 std::string setup_error(SimAdapter& sim) {
@@ -113,6 +113,24 @@ TEST_CASE("a fraction of 0 leaves nothing to allocate, as native", "[torch][star
   REQUIRE_THROWS_AS(sim.adapter.allocate(1 * MiB), c10::OutOfMemoryError);
 }
 
+TEST_CASE("getMemoryFraction reads back torch's fraction, not the lower GPUMEM_LIMIT in force", "[torch][startup]") {
+  SimAdapter sim(8 * GiB, 2);
+  TorchSettings torch;
+  torch.fraction = 0.5;
+  start(sim, {std::string("1GB"), std::nullopt, std::nullopt}, torch);
+  REQUIRE(sim.adapter.getMemoryFraction(1) == 0.5);
+  REQUIRE(sim.core_device(1).limit() == 1 * GiB);
+}
+
+TEST_CASE("under GPUMEM_LIMIT alone getMemoryFraction is 1, as natively with no fraction set", "[torch][startup]") {
+  SimAdapter sim(8 * GiB, 1);
+  start(sim, {std::string("2GB"), std::nullopt, std::nullopt});
+  REQUIRE(sim.adapter.getMemoryFraction(0) == 1.0);
+  sim.adapter.setMemoryFraction(1.0, 0);
+  REQUIRE(sim.adapter.getMemoryFraction(0) == 1.0);
+  REQUIRE(sim.core_device(0).limit() == 8 * GiB);  // the last call holds
+}
+
 TEST_CASE("torch's expandable_segments picks the segments; GPUMEM_SEGMENTS overrides it", "[torch][startup]") {
   TorchSettings torch;
   torch.growable = false;
@@ -188,7 +206,7 @@ TEST_CASE("settings changed before the setup wait for it", "[torch][startup][set
   TorchSettingsScope scope("expandable_segments:False");
   apply_changed_torch_settings(sim.adapter.core(), "expandable_segments:False", false, false);
   REQUIRE(sim.adapter.core().setup_pending());
-  sim.adapter.core().defer_setup(startup_setup({}));  // the real setup, which reads torch's settings
+  sim.adapter.core().defer_setup(startup_setup(sim.adapter, {}));  // the real setup, which reads torch's settings
   REQUIRE_FALSE(sim.core_device(0).growable());
 }
 #endif

@@ -115,10 +115,28 @@ def test_per_process_memory_fraction_sets_the_cap_as_natively(fraction):
 def test_the_lower_of_the_fraction_and_gpumem_limit_holds():
     reported, limit, total = result(FRACTION, PYTORCH_CUDA_ALLOC_CONF="per_process_memory_fraction:0.5",
                                     GPUMEM_LIMIT="4GiB")
-    assert limit == 4 * GiB and reported == pytest.approx(4 * GiB / total)
+    assert limit == 4 * GiB and reported == 0.5  # the fraction set reads back; the limit is gpumem's
     _, limit, total = result(FRACTION, PYTORCH_CUDA_ALLOC_CONF="per_process_memory_fraction:0.01",
                              GPUMEM_LIMIT="4GiB")
     assert limit == int(0.01 * total)
+
+
+SET_FRACTIONS = """
+    import json, torch, gpumem
+    limit = (lambda: gpumem.get_limit(0)) if gpumem.is_enabled() else (lambda: None)
+    seen = [[torch.cuda.get_per_process_memory_fraction(0), limit()]]
+    for fraction in (1.0, 0.0, 0.3):
+        torch.cuda.set_per_process_memory_fraction(fraction, 0)
+        seen.append([torch.cuda.get_per_process_memory_fraction(0), limit()])
+    print(json.dumps([seen, torch.cuda.get_device_properties(0).total_memory]))
+"""
+
+
+def test_get_per_process_memory_fraction_reads_back_what_was_set_under_gpumem_limit():
+    native, _ = result(SET_FRACTIONS)
+    ours, total = result(SET_FRACTIONS, GPUMEM_LIMIT="4GiB")
+    assert [fraction for fraction, _ in native] == pytest.approx([1.0, 1.0, 0.0, 0.3])
+    assert ours == [[1.0, 4 * GiB], [1.0, total], [0.0, 0], [0.3, int(0.3 * total)]]
 
 
 @pytest.mark.parametrize("fraction", ["-0.1", "1.1"])
@@ -179,6 +197,34 @@ def test_backend_cuda_malloc_async_with_gpumem_limit_stops_at_start_naming_both(
     assert completed.returncode == 2 and "the program ran" not in completed.stdout
     assert "GPUMEM_LIMIT" in completed.stderr and "cudaMallocAsync" in completed.stderr
     assert "Traceback" not in completed.stderr
+
+
+# ---- memory snapshots ---------------------------------------------------------------------------------
+
+# torch's test_memory_plots: once trace_plot(filter_freed=True) has dropped the alloc and free
+# entries of every freed tensor, the 128x128 float tensor's 65536 bytes remain as the requested size
+# of the free block it was freed into (Note [the requested size of a free block], torch/history.h).
+FREED_INTO = """
+    import json, torch
+    from torch.cuda._memory_viz import trace_plot
+    torch.cuda.memory._record_memory_history("all", context=CONTEXT, stacks="python")
+    x = torch.rand(128, 128, device="cuda")
+    address = x.data_ptr()
+    x * x + x * x
+    del x
+    snapshot = torch.cuda.memory._snapshot()
+    trace_plot(snapshot, filter_freed=True)
+    shown = [b["requested_size"] for s in snapshot["segments"] for b in s["blocks"]
+             if b["state"] == "inactive" and b["address"] <= address < b["address"] + b["size"]]
+    print(json.dumps([shown, str(128 * 128 * 4) in json.dumps(snapshot)]))
+"""
+
+
+@pytest.mark.parametrize("context", ["None", "'all'"])
+def test_a_free_block_shows_the_size_of_the_tensor_freed_into_it_as_natively(context):
+    code = FREED_INTO.replace("CONTEXT", context)
+    assert result(code) == [[65536], True]  # natively
+    assert result(code, GPUMEM_LIMIT="4GB") == [[65536], True]
 
 
 # ---- mem_get_info under a cap -------------------------------------------------------------------------
