@@ -192,7 +192,10 @@ def _setitems(reader: PlainReader) -> None:
 
 
 def _tuple(reader: PlainReader) -> None:
-    reader.stack.append(tuple(reader.pop_mark()))
+    # pop_mark first, on its own line: it replaces reader.stack, and `reader.stack.append(...)` would
+    # look up append on the stack it set aside.
+    items = reader.pop_mark()
+    reader.stack.append(tuple(items))
 
 
 def _tuple_of(count: int) -> Callable[[PlainReader], None]:
