@@ -160,7 +160,11 @@ def _mark(reader: PlainReader) -> None:
 
 
 def _pop(reader: PlainReader) -> None:
-    reader.stack.pop()
+    # As pickle pops: the value on top, or, with none above the last MARK, that MARK.
+    if reader.stack or not reader.marks:
+        reader.stack.pop()
+    else:
+        reader.pop_mark()
 
 
 def _pop_mark(reader: PlainReader) -> None:
