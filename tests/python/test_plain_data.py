@@ -9,6 +9,7 @@ import struct
 
 import pytest
 
+import mutants
 import plain_values
 from gpumem import _plain_data
 
@@ -44,8 +45,11 @@ def test_the_reader_reads_random_plain_data_as_pickle_loads_does():
     count = fuzz_count(3000)
     for n in range(count):
         data, protocol = plain_values.case(n)
-        found = plain_values.difference(read(data), pickle.loads(data))
+        reader = _plain_data.PlainReader(data)
+        found = plain_values.difference(reader.load(), pickle.loads(data))
         assert found is None, f"case {n} (protocol {protocol}, {len(data)} bytes): {found}"
+        # within the memory bound without its slack: see Note [memory]
+        assert reader.spent <= _plain_data.MEMORY_PER_BYTE * len(data), f"case {n}"
 
 
 def test_the_random_pickles_use_every_opcode_the_pickler_writes_for_plain_data():
@@ -86,3 +90,30 @@ def test_pop_on_an_empty_stack_above_a_mark_takes_the_mark_as_pickle_does(data):
 ], ids=["far-index", "memoize-after-a-far-index"])
 def test_memo_indices_past_those_stored_are_read_as_pickle_reads_them(data):
     assert plain_values.difference(read(data), pickle.loads(data)) is None
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+@pytest.mark.parametrize("value", [[{} for _ in range(100_000)], [[] for _ in range(100_000)],
+                                   [{None: None} for _ in range(100_000)], [{"": {}} for _ in range(100_000)]],
+                         ids=["empty-dicts", "empty-lists", "one-item-dicts", "nested-dicts"])
+def test_the_densest_output_of_the_pickler_counts_under_the_memory_per_byte(value, protocol):
+    data = pickle.dumps(value, protocol)
+    reader = _plain_data.PlainReader(data)
+    assert reader.load() == value
+    assert reader.spent <= _plain_data.MEMORY_PER_BYTE * len(data)
+
+
+def test_damaged_pickles_read_as_pickle_loads_reads_them_or_raise_bad_pickle():
+    read_whole = 0
+    for n in range(fuzz_count(1500)):
+        data = mutants.mutant(n)
+        reader = _plain_data.PlainReader(data)
+        try:
+            value = reader.load()
+        except _plain_data.BadPickle:
+            continue
+        read_whole += 1
+        if not reader.sparse:  # pickle.loads would allocate a slot for each memo index below one put far ahead
+            found = plain_values.difference(value, pickle.loads(data))
+            assert found is None, f"mutant {n}: {found}"
+    assert read_whole > 0  # some damage leaves a pickle: those must read as pickle reads them
