@@ -416,8 +416,11 @@ def _blocks(shape: _Shape, entries: Any, address: int, where: str) -> tuple[Bloc
         at = f"{where}[{i}]"
         block = shape.require(shape.mapping(block, at), at, ("size", "state"))
         size = shape.number(block, at, "size", _SIZE)
+        # Older snapshots leave the address out: blocks tile the segment in address order.
+        if "address" not in block and address + offset > _ADDRESS.high:
+            raise shape.fail(at, "has no 'address', and the sizes of the blocks before it take its place past "
+                                 "2^64 - 1")
         blocks.append(Block(
-            # Older snapshots leave the address out: blocks tile the segment in address order.
             address=shape.number(block, at, "address", _ADDRESS, address + offset),
             size=size,
             requested_size=shape.number(block, at, "requested_size", _SIZE, size),
