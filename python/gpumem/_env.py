@@ -19,7 +19,7 @@ import os
 from typing import Mapping, Optional, Sequence
 
 from gpumem import _C, _limits, _scope, _segments, _torch_hooks, metrics, pressure, publish
-from gpumem._words import bounded, shown
+from gpumem._words import bounded, not_utf8, shown
 
 VARIABLE = "GPUMEM_LIMIT"
 SEGMENTS_VARIABLE = "GPUMEM_SEGMENTS"
@@ -56,6 +56,9 @@ def resolve_limit(text: str, totals: Optional[Sequence[int]] = None) -> Optional
     as the compiled layer applies it at their first use; for totals None, its syntax alone is
     checked and None returned. What cannot be applied raises SettingError. The one check of
     GPUMEM_LIMIT: the hook, enable() and `gpumem info` give the same verdict."""
+    problem = not_utf8(text)
+    if problem is not None:  # the compiled layer takes UTF-8 only
+        raise SettingError(VARIABLE, text, f"{problem}. Accepted forms: {_C.limit_forms}")
     try:
         if totals is not None:
             return _C.resolve_limit_text(text, list(totals))
@@ -104,7 +107,7 @@ def publish_dir(environ: Mapping[str, str] = os.environ) -> Optional[publish.Run
 
 def run_dir(environ: Mapping[str, str] = os.environ) -> publish.RunDir:
     """GPUMEM_RUN_DIR, else the default run directory. A bad value raises as segments() does."""
-    path = _setting(environ, RUN_DIR_VARIABLE, _run_dir_of_text, _RUN_DIR_FORMS)
+    path = _setting(environ, RUN_DIR_VARIABLE, _run_dir_of_text, _RUN_DIR_FORMS, any_bytes=True)
     return publish.default_run_dir() if path is None else publish.RunDir(path, chosen=True)
 
 
@@ -121,14 +124,18 @@ def _run_dir_of_text(text: str) -> str:
     return os.path.normpath(text)
 
 
-def _setting(environ: Mapping[str, str], variable: str, parse, forms: str):
+def _setting(environ: Mapping[str, str], variable: str, parse, forms: str, any_bytes: bool = False):
+    """`variable`'s value read by `parse`, None when unset; SettingError naming it and `forms` if
+    `parse` refuses it (saying so when it holds bytes that are not UTF-8, unless `any_bytes`: a path
+    may hold any)."""
     text = environ.get(variable)
     if text is None:
         return None
     try:
         return parse(text)
     except ValueError:
-        raise SettingError(variable, text, f"give {forms}") from None
+        problem = None if any_bytes else not_utf8(text)
+        raise SettingError(variable, text, f"give {forms}" if problem is None else f"{problem}; give {forms}") from None
 
 
 # The settings besides GPUMEM_LIMIT, each with the reader that checks it: the hook stops on a bad

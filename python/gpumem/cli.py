@@ -221,7 +221,7 @@ def _positive_size(example: str) -> Callable[[str], int]:
     def size(text: str) -> int:
         # A percentage or fraction would depend on the device: it comes out differently on two.
         try:
-            sizes = {_C.parse_limit(text, total) for total in (_limits.ANY_TOTAL, _limits.ANY_TOTAL >> 1)}
+            sizes = {_limits.parse(text, total) for total in (_limits.ANY_TOTAL, _limits.ANY_TOTAL >> 1)}
         except ValueError:
             sizes = set()
         if len(sizes) != 1 or None in sizes:

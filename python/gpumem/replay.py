@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from gpumem import _C, _segments, _sizes
+from gpumem import _C, _limits, _segments, _sizes
 from gpumem._words import shown
 from gpumem.snapshot_file import Segment, Snapshot, Source, load
 
@@ -337,8 +337,7 @@ def _loaded(snapshot: Union[Snapshot, Source]) -> Snapshot:
 
 
 def _limit_bytes(limit: Limit, capacity: int) -> int:
-    spec = _spec(limit)
-    nbytes = _C.parse_limit(spec, capacity)
+    nbytes = _limits.parse(_spec(limit), capacity)
     return capacity if nbytes is None else nbytes
 
 
@@ -376,7 +375,7 @@ def _modelled(total: int, what: str, advice: str = "") -> int:
 def _absolute_bytes(limit: Limit) -> Optional[int]:
     """The limit in bytes when it does not depend on the device's size (not "50%" or "0.5")."""
     spec = _spec(limit)
-    sizes = {_C.parse_limit(spec, total) for total in _HUGE_TOTALS}
+    sizes = {_limits.parse(spec, total) for total in _HUGE_TOTALS}
     return sizes.pop() if len(sizes) == 1 else None
 
 

@@ -548,3 +548,23 @@ def test_replay_max_size_must_be_a_size_in_bytes(tmp_path, capsys, size):
         cli.main(["replay", sparse_snapshot(tmp_path, 10), "--max-size", size])
     assert caught.value.code == 2
     assert "is not a positive size in bytes" in capsys.readouterr().err
+
+
+def test_info_with_a_gpumem_limit_that_is_not_utf_8_says_so_and_exits_2(monkeypatch, capsys):
+    monkeypatch.setenv("GPUMEM_LIMIT", "\udcff")
+    assert cli.main(["info"]) == 2
+    captured = capsys.readouterr()
+    assert "GPUMEM_LIMIT is invalid: it holds the byte 0xff (character 1), which is not UTF-8 text" in captured.out
+    assert captured.err == ""
+
+
+@pytest.mark.parametrize("args", [["run", "--limit", "\udcff", "--", "true"],
+                                  ["replay", "x.pickle", "--limit", "4\udcffGB"],
+                                  ["replay", "x.pickle", "--precision", "\udcff"]],
+                         ids=["run-limit", "replay-limit", "replay-precision"])
+def test_an_argument_that_is_not_utf_8_is_a_usage_error_in_one_line(capsys, args):
+    with pytest.raises(SystemExit) as caught:
+        cli.main(args)
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert "internal error" not in err and "Traceback" not in err and "\\udcff" in err
