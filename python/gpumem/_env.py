@@ -6,6 +6,7 @@
     GPUMEM_MEM_INFO  what torch.cuda.mem_get_info reports: "capped" (the default) or "device"
     GPUMEM_WARN_AT   a warning each time reserved passes this share of the limit (gpumem.pressure)
     GPUMEM_METRICS_PORT  Prometheus metrics on this port plus LOCAL_RANK (gpumem.metrics)
+    GPUMEM_METRICS_ADDR  ... at this address (default 127.0.0.1: this machine only)
     GPUMEM_PUBLISH   "0": no figures published for `gpumem top` (default "1"; gpumem.publish)
     GPUMEM_RUN_DIR   where they are published, and read (default /tmp/gpumem-<uid>)
 
@@ -27,6 +28,7 @@ SCOPE_VARIABLE = "GPUMEM_SCOPE"
 MEM_INFO_VARIABLE = "GPUMEM_MEM_INFO"
 WARN_AT_VARIABLE = "GPUMEM_WARN_AT"
 METRICS_PORT_VARIABLE = "GPUMEM_METRICS_PORT"
+METRICS_ADDR_VARIABLE = "GPUMEM_METRICS_ADDR"
 PUBLISH_VARIABLE = "GPUMEM_PUBLISH"
 RUN_DIR_VARIABLE = "GPUMEM_RUN_DIR"
 _PUBLISH_FORMS = '"1" (publish, the default) or "0" (do not)'
@@ -97,6 +99,12 @@ def metrics_port(environ: Mapping[str, str] = os.environ) -> Optional[int]:
     return _setting(environ, METRICS_PORT_VARIABLE, metrics.port_of_text, metrics.PORT_FORMS)
 
 
+def metrics_addr(environ: Mapping[str, str] = os.environ) -> str:
+    """GPUMEM_METRICS_ADDR's address, else 127.0.0.1. A bad value raises as segments() does."""
+    addr = _setting(environ, METRICS_ADDR_VARIABLE, metrics.addr_of_text, metrics.ADDR_FORMS)
+    return metrics.DEFAULT_ADDR if addr is None else addr
+
+
 def publish_dir(environ: Mapping[str, str] = os.environ) -> Optional[publish.RunDir]:
     """Where the process publishes its figures for `gpumem top`; None with GPUMEM_PUBLISH=0. A bad
     GPUMEM_PUBLISH or GPUMEM_RUN_DIR raises as segments() does."""
@@ -146,5 +154,6 @@ SETTINGS = (
     (MEM_INFO_VARIABLE, mem_info_view),
     (WARN_AT_VARIABLE, warn_at),
     (METRICS_PORT_VARIABLE, metrics_port),
+    (METRICS_ADDR_VARIABLE, metrics_addr),
     (PUBLISH_VARIABLE, publish_dir),
 )

@@ -318,7 +318,7 @@ def test_the_stop_line_shows_a_hostile_value_escaped_and_cut(devices, stopped, v
 
 
 SETTINGS_OF_WORDS = ["GPUMEM_SEGMENTS", "GPUMEM_SCOPE", "GPUMEM_MEM_INFO", "GPUMEM_WARN_AT", "GPUMEM_METRICS_PORT",
-                     "GPUMEM_PUBLISH"]
+                     "GPUMEM_PUBLISH", "GPUMEM_METRICS_ADDR"]
 
 
 def test_a_limit_that_is_not_utf_8_stops_a_torch_program_at_import_with_status_2():
