@@ -166,13 +166,14 @@ def _enable_locked() -> None:
     # allocator settings) when the devices are first used, before any later gpumem call.
     text, growable, view = _env.limit_text(), _env.segments(), _env.mem_info_view()
     warn_at, metrics_port, publish_dir = _env.warn_at(), _env.metrics_port(), _env.publish_dir()
+    metrics_addr = _env.metrics_addr()
     _C.install(text, growable, _env.scope())
     _torch_hooks.install()
     if growable is not None:
         _torch_hooks.fixed["segments"] = True
     if view is not None:
         _torch_hooks.set_view(view)
-    _monitoring.start(warn_at, metrics_port, publish_dir)
+    _monitoring.start(warn_at, metrics_port, publish_dir, metrics_addr)
 
 
 def _refuse_if_torch_allocator_in_use() -> None:

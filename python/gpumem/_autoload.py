@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import sys
 
-from gpumem import _api, _env
+from gpumem import _api, _env, _invocation
 from gpumem._words import bounded, shown
 
 EXIT_BAD_LIMIT = 2
@@ -74,19 +74,13 @@ def _is_the_gpumem_command() -> bool:
     """The gpumem command reads GPUMEM_LIMIT itself (`gpumem info` reports a bad one, `gpumem run`
     hands it to the program it starts) and allocates no CUDA memory, so it is left alone. It is
     known by what it runs, not by its name: a user's own script called gpumem gets the hook."""
-    return _is_the_console_script() or _is_python_m_gpumem()
+    return _is_the_console_script() or _invocation.is_python_m_gpumem()
 
 
 def _is_the_console_script() -> bool:
     # The console script starts in _gpumem_command, which says so before it imports gpumem.
     command = sys.modules.get("_gpumem_command")
     return command is not None and getattr(command, "running", False) is True
-
-
-def _is_python_m_gpumem() -> bool:
-    # runpy imports the package, and with it torch, while argv[0] is "-m".
-    argv = list(getattr(sys, "orig_argv", []))
-    return sys.argv[:1] == ["-m"] and "-m" in argv and argv[argv.index("-m") + 1:][:1] == ["gpumem"]
 
 
 def _stop_for(error: _env.SettingError) -> None:

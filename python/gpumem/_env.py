@@ -6,6 +6,7 @@
     GPUMEM_MEM_INFO  what torch.cuda.mem_get_info reports: "capped" (the default) or "device"
     GPUMEM_WARN_AT   a warning each time reserved passes this share of the limit (gpumem.pressure)
     GPUMEM_METRICS_PORT  Prometheus metrics on this port plus LOCAL_RANK (gpumem.metrics)
+    GPUMEM_METRICS_ADDR  ... at this address (default 127.0.0.1: this machine only)
     GPUMEM_PUBLISH   "0": no figures published for `gpumem top` (default "1"; gpumem.publish)
     GPUMEM_RUN_DIR   where they are published, and read (default /tmp/gpumem-<uid>)
 
@@ -19,7 +20,7 @@ import os
 from typing import Mapping, Optional, Sequence
 
 from gpumem import _C, _limits, _scope, _segments, _torch_hooks, metrics, pressure, publish
-from gpumem._words import bounded, shown
+from gpumem._words import bounded, not_utf8, shown
 
 VARIABLE = "GPUMEM_LIMIT"
 SEGMENTS_VARIABLE = "GPUMEM_SEGMENTS"
@@ -27,6 +28,7 @@ SCOPE_VARIABLE = "GPUMEM_SCOPE"
 MEM_INFO_VARIABLE = "GPUMEM_MEM_INFO"
 WARN_AT_VARIABLE = "GPUMEM_WARN_AT"
 METRICS_PORT_VARIABLE = "GPUMEM_METRICS_PORT"
+METRICS_ADDR_VARIABLE = "GPUMEM_METRICS_ADDR"
 PUBLISH_VARIABLE = "GPUMEM_PUBLISH"
 RUN_DIR_VARIABLE = "GPUMEM_RUN_DIR"
 _PUBLISH_FORMS = '"1" (publish, the default) or "0" (do not)'
@@ -56,6 +58,9 @@ def resolve_limit(text: str, totals: Optional[Sequence[int]] = None) -> Optional
     as the compiled layer applies it at their first use; for totals None, its syntax alone is
     checked and None returned. What cannot be applied raises SettingError. The one check of
     GPUMEM_LIMIT: the hook, enable() and `gpumem info` give the same verdict."""
+    problem = not_utf8(text)
+    if problem is not None:  # the compiled layer takes UTF-8 only
+        raise SettingError(VARIABLE, text, f"{problem}. Accepted forms: {_C.limit_forms}")
     try:
         if totals is not None:
             return _C.resolve_limit_text(text, list(totals))
@@ -94,6 +99,12 @@ def metrics_port(environ: Mapping[str, str] = os.environ) -> Optional[int]:
     return _setting(environ, METRICS_PORT_VARIABLE, metrics.port_of_text, metrics.PORT_FORMS)
 
 
+def metrics_addr(environ: Mapping[str, str] = os.environ) -> str:
+    """GPUMEM_METRICS_ADDR's address, else 127.0.0.1. A bad value raises as segments() does."""
+    addr = _setting(environ, METRICS_ADDR_VARIABLE, metrics.addr_of_text, metrics.ADDR_FORMS)
+    return metrics.DEFAULT_ADDR if addr is None else addr
+
+
 def publish_dir(environ: Mapping[str, str] = os.environ) -> Optional[publish.RunDir]:
     """Where the process publishes its figures for `gpumem top`; None with GPUMEM_PUBLISH=0. A bad
     GPUMEM_PUBLISH or GPUMEM_RUN_DIR raises as segments() does."""
@@ -104,7 +115,7 @@ def publish_dir(environ: Mapping[str, str] = os.environ) -> Optional[publish.Run
 
 def run_dir(environ: Mapping[str, str] = os.environ) -> publish.RunDir:
     """GPUMEM_RUN_DIR, else the default run directory. A bad value raises as segments() does."""
-    path = _setting(environ, RUN_DIR_VARIABLE, _run_dir_of_text, _RUN_DIR_FORMS)
+    path = _setting(environ, RUN_DIR_VARIABLE, _run_dir_of_text, _RUN_DIR_FORMS, any_bytes=True)
     return publish.default_run_dir() if path is None else publish.RunDir(path, chosen=True)
 
 
@@ -121,14 +132,18 @@ def _run_dir_of_text(text: str) -> str:
     return os.path.normpath(text)
 
 
-def _setting(environ: Mapping[str, str], variable: str, parse, forms: str):
+def _setting(environ: Mapping[str, str], variable: str, parse, forms: str, any_bytes: bool = False):
+    """`variable`'s value read by `parse`, None when unset; SettingError naming it and `forms` if
+    `parse` refuses it (saying so when it holds bytes that are not UTF-8, unless `any_bytes`: a path
+    may hold any)."""
     text = environ.get(variable)
     if text is None:
         return None
     try:
         return parse(text)
     except ValueError:
-        raise SettingError(variable, text, f"give {forms}") from None
+        problem = None if any_bytes else not_utf8(text)
+        raise SettingError(variable, text, f"give {forms}" if problem is None else f"{problem}; give {forms}") from None
 
 
 # The settings besides GPUMEM_LIMIT, each with the reader that checks it: the hook stops on a bad
@@ -139,5 +154,6 @@ SETTINGS = (
     (MEM_INFO_VARIABLE, mem_info_view),
     (WARN_AT_VARIABLE, warn_at),
     (METRICS_PORT_VARIABLE, metrics_port),
+    (METRICS_ADDR_VARIABLE, metrics_addr),
     (PUBLISH_VARIABLE, publish_dir),
 )

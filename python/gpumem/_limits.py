@@ -8,7 +8,7 @@ import re
 from typing import Optional, Union
 
 from gpumem import _C, _devices
-from gpumem._words import bounded, shown
+from gpumem._words import bounded, not_utf8, shown
 
 Limit = Union[str, int, float, None]
 ANY_TOTAL = 1 << 62  # checks a spec's syntax: every real device is smaller
@@ -45,6 +45,9 @@ def check_syntax(spec: str) -> None:
 def parse(spec: str, total: int) -> Optional[int]:
     """Bytes for `spec` on a device of `total` bytes (None for no limit), as the compiled grammar
     reads it; its ValueError comes with `spec` shown as gpumem's messages show the user's text."""
+    problem = not_utf8(spec)
+    if problem is not None:
+        raise ValueError(f"gpumem: bad limit {shown(spec, quote=_QUOTE)}: {problem}. Accepted forms: {_C.limit_forms}")
     try:
         return _C.parse_limit(spec, total)
     except ValueError as error:

@@ -17,14 +17,15 @@ import torch
 from gpumem import metrics, pressure, publish
 
 
-def start(warn_at: Optional[float], metrics_port: Optional[int], publish_dir: Optional[publish.RunDir] = None) -> None:
+def start(warn_at: Optional[float], metrics_port: Optional[int], publish_dir: Optional[publish.RunDir] = None,
+          metrics_addr: str = metrics.DEFAULT_ADDR) -> None:
     """The settings as read (and checked) from the environment; None: not set (for publish_dir:
     GPUMEM_PUBLISH=0)."""
     if warn_at is not None:
         pressure.warn_at(warn_at)
     at_cuda_start = []
     if metrics_port is not None:
-        at_cuda_start.append(lambda: metrics.serve_for_environment(metrics_port))
+        at_cuda_start.append(lambda: metrics.serve_for_environment(metrics_port, addr=metrics_addr))
     if publish_dir is not None:
         at_cuda_start.append(lambda: publish.start_for_environment(publish_dir))
     if at_cuda_start:

@@ -12,6 +12,8 @@ Note [echoing the user's text]
 """
 from __future__ import annotations
 
+from typing import Optional
+
 VALUE_LENGTH = 60
 MESSAGE_LENGTH = 1000
 PATH_LENGTH = 4096  # PATH_MAX on Linux: a path the system would take is never cut
@@ -31,6 +33,21 @@ def one_of(value: object, words: tuple[str, ...], what: str) -> str:
     if word not in words:
         raise ValueError(f"gpumem: bad {what} {shown(value)}: give {forms(words)}")
     return word
+
+
+def not_utf8(text: str) -> Optional[str]:
+    """Why `text` has no UTF-8 form, which the compiled layer needs of every string it takes: the
+    first character without one, named; None if every character has one. Bytes that are not
+    UTF-8 in an environment variable or an argument reach Python as such characters (U+DC80 to
+    U+DCFF, one a byte: "surrogateescape"), and are named as the bytes they were."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        code = ord(text[error.start])
+        if 0xDC80 <= code <= 0xDCFF:
+            return f"it holds the byte {code - 0xDC00:#04x} (character {error.start + 1}), which is not UTF-8 text"
+        return f"it holds the lone surrogate \\u{code:04x} (character {error.start + 1}), which is not text"
+    return None
 
 
 def shown(value: object, quote: str = "'", limit: int = VALUE_LENGTH) -> str:

@@ -7,6 +7,7 @@
     gpumem replay SNAPSHOT --min-limit           the smallest limit it fits under
     gpumem replay SNAPSHOT                       uncapped: its peaks, and the smallest limit
     gpumem replay ... --segments plain           ... with plain segments (default: growable)
+    gpumem replay ... --max-size 1GB             ... of a snapshot file past 256 MiB
     gpumem top                                   every process using a GPU, with gpumem's figures
     gpumem top --watch 2 | --json                ... refreshed every 2 s | as JSON for scripts
 
@@ -34,7 +35,7 @@ import signal
 import sys
 from typing import Callable, Iterator, Optional, Sequence
 
-from gpumem import _C, _env, _limits, _scope, _segments, pressure
+from gpumem import _C, _env, _limits, _scope, _segments, _sizes, pressure
 from gpumem._words import bounded, shown, shown_path
 
 EXIT_DOES_NOT_FIT = 1
@@ -147,6 +148,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="the segments gpumem replays with: growable (the default, as on a GPU with CUDA "
                              "virtual memory management; 2 MiB pages) or plain (one cudaMalloc per segment)")
     replay.add_argument("--plot", metavar="PNG", help="draw allocated, reserved and the limit over time to this file")
+    replay.add_argument("--max-size", type=_checked(_positive_size("1GB")), metavar="SIZE",
+                        help="the largest snapshot file to read, e.g. 1GB (default 256MiB); reading one takes "
+                             "up to 48 bytes of memory for each byte of it")
     replay.set_defaults(handler=_replay)
     _add_top(verbs)
     return parser
@@ -217,7 +221,7 @@ def _positive_size(example: str) -> Callable[[str], int]:
     def size(text: str) -> int:
         # A percentage or fraction would depend on the device: it comes out differently on two.
         try:
-            sizes = {_C.parse_limit(text, total) for total in (_limits.ANY_TOTAL, _limits.ANY_TOTAL >> 1)}
+            sizes = {_limits.parse(text, total) for total in (_limits.ANY_TOTAL, _limits.ANY_TOTAL >> 1)}
         except ValueError:
             sizes = set()
         if len(sizes) != 1 or None in sizes:
@@ -263,7 +267,7 @@ def _info(args) -> int:
     for d in range(count):
         free, total = _C.mem_info(d)
         under = f"; {_env.VARIABLE} sets {limits[d]}" if limits and d in limits else ""
-        print(f"device {d}: {_device_name(d)}, {_C.format_bytes(total)} total, {_C.format_bytes(free)} free{under}")
+        print(f"device {d}: {_device_name(d)}, {_sizes.format_bytes(total)} total, {_sizes.format_bytes(free)} free{under}")
     if count:
         print(report.collect())
     return EXIT_USAGE if limits is None or not all(settings_ok) else 0
@@ -283,7 +287,7 @@ def _print_env_limit(count: int) -> Optional[dict[int, str]]:
         print(f"{_env.VARIABLE} is invalid: {error.reason}")
         return None
     named = {device for device, _ in _C.parse_limit_assignments(text)}
-    return {d: "no limit" if nbytes is None else _C.format_bytes(nbytes)
+    return {d: "no limit" if nbytes is None else _sizes.format_bytes(nbytes)
             for d, nbytes in enumerate(limits or []) if -1 in named or d in named}
 
 
@@ -407,7 +411,7 @@ def _replay(args) -> int:
 
     if args.plot:
         _require_matplotlib()
-    snapshot = snapshot_file.load(args.snapshot)
+    snapshot = snapshot_file.load(args.snapshot, max_size=args.max_size or snapshot_file.MAX_FILE_SIZE)
     where = {"device": args.device, "total": args.device_total, "segments": args.segments}
     if args.limit is None and not args.min_limit:
         return _replay_uncapped(args, snapshot, where)
@@ -430,7 +434,7 @@ def _replay_uncapped(args, snapshot, where) -> int:
     found = replay.min_limit(snapshot, precision=args.precision, **where) if result.fits else None
     _print_replay(args.snapshot, result)
     if found is not None:
-        smallest = (f"{_C.format_bytes(found.limit)} ({found.limit} bytes; --min-limit tells how it was found)"
+        smallest = (f"{_sizes.format_bytes(found.limit)} ({found.limit} bytes; --min-limit tells how it was found)"
                     if found.limit is not None else "none fits in the simulated device")
         _print_rows([("smallest limit", smallest)])
     return _plotted(result, args.plot, 0 if result.fits else EXIT_DOES_NOT_FIT)
@@ -468,7 +472,7 @@ _SOURCES = {
 
 
 def _print_replay(path: str, r) -> None:
-    size = _C.format_bytes
+    size = _sizes.format_bytes
     original = ("from the trace's segment events" if r.original_reserved_source == "trace"
                 else "segments at dump time: the trace has no segment events")
     rows = [
@@ -496,18 +500,18 @@ def _segments_text(kind: str) -> str:
     from gpumem.replay import PAGE_SIZE
 
     if kind == _segments.GROWABLE:
-        return f"growable ({_C.format_bytes(PAGE_SIZE)} pages mapped into reserved address ranges)"
+        return f"growable ({_sizes.format_bytes(PAGE_SIZE)} pages mapped into reserved address ranges)"
     return "plain (one cudaMalloc per segment)"
 
 
 def _failure_text(failure) -> str:
     where = ("a block alive before the trace began" if failure.event_index is None
              else f"event {failure.event_index} (time_us {failure.time_us})")
-    return f"{where}, a request of {_C.format_bytes(failure.size)} ({failure.size} bytes): {failure.kind}"
+    return f"{where}, a request of {_sizes.format_bytes(failure.size)} ({failure.size} bytes): {failure.kind}"
 
 
 def _print_min_limit(m) -> None:
-    size = _C.format_bytes
+    size = _sizes.format_bytes
     if m.limit is None:
         _print_rows([("min limit", f"none: the trace does not fit even in the simulated device "
                                         f"({size(m.capacity)}); give a larger --device-total")])

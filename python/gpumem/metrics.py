@@ -7,28 +7,36 @@ Needs prometheus_client (`pip install prometheus_client`, or the extra `gpumem[m
 it serve_metrics and Collector raise MetricsUnavailable, an ImportError that says so. The figures
 are read at each scrape, per device in use: reserved and the limit without the allocator's lock,
 the rest from one copy of the statistics; every sample carries the labels device, pid and job
-(GPUMEM_JOB, else the program's name). A device nobody has used yet is not reported: asking it
+(GPUMEM_JOB, else the program's name; any text, escaped by label_value). A device nobody has used yet is not reported: asking it
 would start CUDA. The metrics and their meanings are listed in docs/monitoring.md (METRICS below).
 
 GPUMEM_METRICS_PORT (see serve_for_environment) is a base port: each process serves on
-127.0.0.1:(base + LOCAL_RANK), LOCAL_RANK 0 when unset, so the ranks of a torchrun job on one node
-take consecutive ports. gpumem._monitoring opens it when the process first initializes CUDA, so a
+(base + LOCAL_RANK), LOCAL_RANK 0 when unset, so the ranks of a torchrun job on one node take
+consecutive ports, at GPUMEM_METRICS_ADDR (default 127.0.0.1: this machine only; 0.0.0.0 for a
+container whose port is published, which opens the figures to whoever reaches it). gpumem._monitoring opens it when the process first initializes CUDA, so a
 launcher (torchrun itself) and DataLoader workers, which never do, hold no port. What stops it (the port in use,
 prometheus_client missing) is one line on stderr, and the program goes on: the cap matters more
 than the metrics.
 """
 from __future__ import annotations
 
+import errno
+import ipaddress
 import os
+import re
 import sys
 from typing import Mapping, Optional, Sequence
 
-from gpumem import _C
+from gpumem import _C, _http
 from gpumem._words import shown
 
 JOB_VARIABLE = "GPUMEM_JOB"
 RANK_VARIABLE = "LOCAL_RANK"
+DEFAULT_ADDR = "127.0.0.1"
 PORT_FORMS = "a port number in 1..65535 (each process serves on it plus LOCAL_RANK)"
+ADDR_FORMS = ("an address to listen on: an IP address of this machine such as 127.0.0.1 (the default: this "
+              "machine only) or 0.0.0.0 (every interface: the network), :: or ::1 for IPv6, or a host name")
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 OOM_CASES = {  # the label `case` of gpumem_ooms_total -> the statistic that counts it
     "over_limit": "num_ooms_over_limit",
     "device_full": "num_ooms_device_full",
@@ -36,6 +44,7 @@ OOM_CASES = {  # the label `case` of gpumem_ooms_total -> the statistic that cou
 }
 _LABELS = ("device", "pid", "job")
 _MAX_LABEL = 128
+_TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 _INSTALL = "pip install prometheus_client (or pip install 'gpumem[metrics]')"
 
 # (name, kind, help, extra label). The values are read in Collector._device_samples.
@@ -103,7 +112,7 @@ class Collector:
     def __init__(self, source=None, job: Optional[str] = None):
         self._core = _prometheus().core
         self._source = source
-        self._job = job_name() if job is None else str(job)[:_MAX_LABEL]
+        self._job = label_value(job_name() if job is None else str(job))
 
     def describe(self):
         return list(self._families().values())
@@ -114,7 +123,7 @@ class Collector:
         labels = [str(os.getpid()), self._job]
         for device in source.existing_devices():
             for name, value, extra in _device_samples(source.device_figures(device)):
-                families[name].add_metric([str(device), *labels, *extra], value)
+                families[name].add_metric([str(device), *labels, *map(label_value, extra)], value)
         for device, share, crossings, _, _ in source.pressure_crossings():
             families["gpumem_pressure_crossings"].add_metric([str(device), *labels, f"{share:g}"], crossings)
         return list(families.values())
@@ -150,14 +159,12 @@ def _device_samples(figures: dict):
 class MetricsServer:
     """An endpoint serve_metrics opened: `addr`, `port` (the one bound, for a port of 0), `close()`."""
 
-    def __init__(self, server, thread, addr: str):
-        self._server, self._thread = server, thread
-        self.addr, self.port = addr, server.server_port
+    def __init__(self, server: _http.Server, addr: str):
+        self._server = server
+        self.addr, self.port = addr, server.port
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        self._server.close()
 
     def __enter__(self) -> "MetricsServer":
         return self
@@ -169,11 +176,12 @@ class MetricsServer:
         return f"<gpumem MetricsServer http://{self.addr}:{self.port}/metrics>"
 
 
-def serve_metrics(port: int, addr: str = "127.0.0.1") -> MetricsServer:
+def serve_metrics(port: int, addr: str = DEFAULT_ADDR) -> MetricsServer:
     """Serves gpumem's metrics at http://addr:port/metrics from a daemon thread, and returns the server.
 
     `port` is in 0..65535 (0: any free port; read the returned server's .port). `addr` 127.0.0.1 keeps
-    the endpoint on the machine; "0.0.0.0" opens it to the network. Starts no CUDA. Raises
+    the endpoint on the machine; "0.0.0.0" opens it to the network. One thread serves every client,
+    each with 10 seconds in all (gpumem._http, Note [stalled clients]). Starts no CUDA. Raises
     MetricsUnavailable (an ImportError) without prometheus_client, TypeError or ValueError for a bad
     port or address, and OSError naming the address when it cannot be bound (a port in use).
     """
@@ -181,17 +189,33 @@ def serve_metrics(port: int, addr: str = "127.0.0.1") -> MetricsServer:
     client = _prometheus()
     registry = client.CollectorRegistry(auto_describe=False)
     registry.register(Collector())
+
+    def answer(path: str) -> tuple[int, str, bytes]:
+        if path not in ("/metrics", "/"):
+            return 404, "text/plain; charset=utf-8", b"gpumem serves its metrics at /metrics\n"
+        return 200, _TEXT_FORMAT, client.generate_latest(registry)
+
     try:
-        server, thread = client.start_http_server(port, addr=addr, registry=registry)
+        server = _http.Server(addr, port, answer, name="gpumem-metrics")
     except OSError as error:
-        refused = OSError(f"gpumem: cannot serve metrics on {addr}:{port}: {error.strerror or error}; another "
-                          "process (another rank?) may hold the port: pick another")
+        advice = ("; another process (another rank?) may hold the port: pick another"
+                  if error.errno == errno.EADDRINUSE else "")
+        refused = OSError(f"gpumem: cannot serve metrics on {addr}:{port}: {error.strerror or error}{advice}")
         refused.errno = error.errno  # errno.EADDRINUSE for a port in use
         raise refused from None
+    server.start()
     if hasattr(os, "register_at_fork"):
         # A forked child (a DataLoader worker) has no serving thread: it lets go of the port.
-        os.register_at_fork(after_in_child=server.socket.close)
-    return MetricsServer(server, thread, addr)
+        os.register_at_fork(after_in_child=server.close_in_forked_child)
+    return MetricsServer(server, addr)
+
+
+def label_value(text: str) -> str:
+    """`text` as a label's value: every character that is not printable written as Python escapes
+    it (a byte that was not UTF-8, as "\\udcff"), so that any string is valid UTF-8 on one line; at
+    most _MAX_LABEL characters. prometheus_client then escapes backslashes and quotes as the text
+    format wants."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text[:_MAX_LABEL])[:_MAX_LABEL]
 
 
 def port_of_text(text: str) -> int:
@@ -202,14 +226,26 @@ def port_of_text(text: str) -> int:
     return int(text)
 
 
-def serve_for_environment(base: int, environ: Mapping[str, str] = os.environ) -> Optional[MetricsServer]:
-    """GPUMEM_METRICS_PORT's endpoint: 127.0.0.1:(base + LOCAL_RANK). Never raises: what stops it is
-    one line on stderr, and None."""
+def addr_of_text(text: str) -> str:
+    """GPUMEM_METRICS_ADDR's address; ValueError for anything but an IP address or a host name."""
+    text = text.strip()
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        if _HOST_NAME.fullmatch(text) is None:
+            raise ValueError(f"bad address; give {ADDR_FORMS}") from None
+    return text
+
+
+def serve_for_environment(base: int, environ: Mapping[str, str] = os.environ,
+                          addr: str = DEFAULT_ADDR) -> Optional[MetricsServer]:
+    """GPUMEM_METRICS_PORT's endpoint: addr (GPUMEM_METRICS_ADDR's, else 127.0.0.1), port base +
+    LOCAL_RANK. Never raises: what stops it is one line on stderr, and None."""
     try:
         port = base + _local_rank(environ)
         if port > 65535:
             raise ValueError(f"port {port} is above 65535")
-        return serve_metrics(port)
+        return serve_metrics(port, addr)
     except Exception as error:  # noqa: BLE001: the metrics must never stop the program
         reason = str(error).removeprefix("gpumem: ")
         sys.stderr.write(f"gpumem: GPUMEM_METRICS_PORT={base}: no metrics are served ({reason}); "

@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from gpumem import _C, _segments
+from gpumem import _C, _limits, _segments, _sizes
 from gpumem._words import shown
 from gpumem.snapshot_file import Segment, Snapshot, Source, load
 
@@ -337,8 +337,7 @@ def _loaded(snapshot: Union[Snapshot, Source]) -> Snapshot:
 
 
 def _limit_bytes(limit: Limit, capacity: int) -> int:
-    spec = _spec(limit)
-    nbytes = _C.parse_limit(spec, capacity)
+    nbytes = _limits.parse(_spec(limit), capacity)
     return capacity if nbytes is None else nbytes
 
 
@@ -359,22 +358,24 @@ def _capacity(plan: _Plan, limit: Limit, total: Optional[int]) -> tuple[int, str
     need = 2 * max(plan.peak_allocated, plan.original_peak_reserved)
     need = -(-need // (2 * MiB)) * (2 * MiB)  # whole large segments
     capacity = max(need, _absolute_bytes(limit) or 0, 2 * MiB)
-    return _modelled(capacity, "the device the trace needs"), "trace"
+    # Each size in a snapshot is at most 2^62 bytes, but what they add up to is not bounded.
+    return _modelled(capacity, "the device the trace needs (twice its peak)",
+                     "; give the device's real size (total=, gpumem replay --device-total)"), "trace"
 
 
-def _modelled(total: int, what: str) -> int:
+def _modelled(total: int, what: str, advice: str = "") -> int:
     """`total` if the simulated device can be that large; ValueError naming `what` if not."""
     if isinstance(total, bool) or not isinstance(total, int) or not 0 < total <= _C.SIM_MAX_CAPACITY:
-        size = _C.format_bytes(total) if isinstance(total, int) and total > 0 else shown(total)
+        size = _sizes.format_bytes(total) if isinstance(total, int) and total > 0 else shown(total)
         raise ValueError(f"gpumem: {what} ({size}) is not a device size the simulator models: "
-                         f"1 byte to {_C.format_bytes(_C.SIM_MAX_CAPACITY)} ({_C.SIM_MAX_CAPACITY} bytes)")
+                         f"1 byte to {_sizes.format_bytes(_C.SIM_MAX_CAPACITY)} ({_C.SIM_MAX_CAPACITY} bytes){advice}")
     return total
 
 
 def _absolute_bytes(limit: Limit) -> Optional[int]:
     """The limit in bytes when it does not depend on the device's size (not "50%" or "0.5")."""
     spec = _spec(limit)
-    sizes = {_C.parse_limit(spec, total) for total in _HUGE_TOTALS}
+    sizes = {_limits.parse(spec, total) for total in _HUGE_TOTALS}
     return sizes.pop() if len(sizes) == 1 else None
 
 

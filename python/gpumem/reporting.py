@@ -15,7 +15,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
-from gpumem import _C, _scope, _segments
+from gpumem import _C, _scope, _segments, _sizes
 from gpumem._words import shown
 
 OUTSIDE_NOTE = (
@@ -192,7 +192,7 @@ def collect(device=None) -> Report:
 
 
 def _size(n: Optional[int]) -> str:
-    return "unknown" if n is None else _C.format_bytes(int(n))
+    return "unknown" if n is None else _sizes.format_bytes(int(n))
 
 
 def _rows(d: DeviceReport) -> list[tuple[str, str, str]]:

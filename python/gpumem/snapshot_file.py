@@ -15,6 +15,8 @@ by its size, and every problem raises SnapshotError (a ValueError) naming the fi
 in it. What the reader refuses:
 
 - anything but a regular file (a FIFO, a device, a directory), before reading a byte of it;
+- a file larger than the cap, MAX_FILE_SIZE (256 MiB) unless load's max_size says otherwise
+  (gpumem replay --max-size), by its size alone, before reading a byte of it;
 - a file that does not start as a pickle of protocol 2 to 5 does ("\\x80" and the protocol), before
   reading the rest. torch writes protocol 4 (Python's default); protocols 0 and 1 have no header
   to test, so any text file could pass for one, and they are refused;
@@ -23,7 +25,11 @@ in it. What the reader refuses:
   in _plain_data, not by pickle.Unpickler, which can be made to allocate gigabytes by a ten-byte file (a
   memo index far past the values stored) or to hash for ever (a dict key that is a tuple built
   from shared references). Dict keys must be strings, bytes, floats, None, booleans or integers of
-  at most 64 bits; their hashes then cost at most their size, once;
+  at most 64 bits; their hashes then cost at most their size, once. The reader reads the file as
+  it goes, a MiB at a time, so a file that goes wrong at byte 2 is refused after reading one; and it
+  refuses a pickle whose values would take more than 48 bytes of memory per byte of the file
+  (Note [memory] in _plain_data: the pickler's own output takes at most 44), so reading a file of
+  the default cap's size takes at most some 12 GiB;
 - a container the reader walks (the trace of a device, an event, the segment list, a segment, a
   block list, a block) that is the same object as one walked already: shared references could
   otherwise make a small file hold 10^8 events. torch shares only what the reader never walks
@@ -49,11 +55,10 @@ from __future__ import annotations
 import os
 import pickle
 import stat
-import struct
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional, Union
 
-from gpumem._plain_data import BadPickle, PlainReader, Refused, cut, describe
+from gpumem._plain_data import BadPickle, PlainReader, Refused, TooLarge, describe
 
 ACTIONS = frozenset(
     {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
@@ -63,6 +68,7 @@ BLOCK_STATES = frozenset({"active_allocated", "active_pending_free", "inactive"}
 DEVICE_TOTALS_KEY = "gpumem_device_totals"
 MAX_DEVICES = 1024
 MAX_BYTES = 1 << 62  # sizes and totals in a file; replay's simulated device takes at most _C.SIM_MAX_CAPACITY
+MAX_FILE_SIZE = 256 << 20  # the default cap on a file's size: see the module's docstring
 
 _ALLOC_OR_FREE = frozenset({"alloc", "free_requested", "free_completed"})
 _RECORD_HINT = (
@@ -139,11 +145,34 @@ class Snapshot:
         return [s for s in self.segments if s.device == device]
 
 
-def load(path: Source) -> Snapshot:
-    """Reads and checks the snapshot at `path`; SnapshotError if it is not one."""
+def load(path: Source, max_size: int = MAX_FILE_SIZE) -> Snapshot:
+    """Reads and checks the snapshot at `path`; SnapshotError if it is not one or is larger than
+    `max_size` bytes (a positive int; MAX_FILE_SIZE by default)."""
     name = os.fspath(path)
-    data = _read(name)
-    return _check(_Shape(name, budget=_WALK_PER_BYTE * len(data) + _WALK_SLACK), _unpickle(data, name))
+    _check_max_size(max_size)
+    fd = _open(name)
+    try:
+        size = _regular_size(fd, name)
+        if size > max_size:
+            raise SnapshotError(f"{name}: is {size} bytes, larger than the cap of {max_size} bytes "
+                                f"({_mib(max_size)}) on a snapshot file; {_RAISE_CAP}")
+        header = read_at_most(fd, _HEADER)
+        _check_header(header, name)
+        # Read as the reader goes, and no more than the size fstat gave: a file that grows adds nothing.
+        data = _unpickle(PlainReader(header, lambda count: read_at_most(fd, count), size), name)
+    except OSError as error:
+        raise SnapshotError(f"{name}: cannot be read ({error.strerror or error})") from None
+    finally:
+        os.close(fd)
+    return _check(_Shape(name, budget=_WALK_PER_BYTE * size + _WALK_SLACK), data)
+
+
+def loads(data: bytes, source: str = "<snapshot>") -> Snapshot:
+    """Reads and checks the bytes of a snapshot file, as load does a file (there is no cap: they are
+    in memory already); SnapshotError naming `source` if they are not one."""
+    _check_header(data[:_HEADER], source)
+    snapshot = _unpickle(PlainReader(data), source)
+    return _check(_Shape(source, budget=_WALK_PER_BYTE * len(data) + _WALK_SLACK), snapshot)
 
 
 def from_dict(data: Any, source: str = "<snapshot>") -> Snapshot:
@@ -157,21 +186,18 @@ _HEADER = 2  # PROTO and its version, which every pickle of protocol 2 to 5 star
 _CHUNK = 1 << 24
 _NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                 (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_RAISE_CAP = "a larger one is max_size of gpumem.snapshot_file.load, --max-size of gpumem replay"
 
 
-def _read(name: str) -> bytes:
-    """The file's bytes, read only once it is a regular file that starts as a pickle."""
-    fd = _open(name)
-    try:
-        size = _regular_size(fd, name)
-        header = read_at_most(fd, _HEADER)
-        _check_header(header, name)
-        # At most the size fstat gave: a file that grows while it is read adds nothing.
-        return header + read_at_most(fd, size - len(header))
-    except OSError as error:
-        raise SnapshotError(f"{name}: cannot be read ({error.strerror or error})") from None
-    finally:
-        os.close(fd)
+def _check_max_size(max_size: object) -> None:
+    if isinstance(max_size, bool) or not isinstance(max_size, int):
+        raise TypeError(f"gpumem: snapshot max_size {max_size!r:.60} is not an int number of bytes")
+    if max_size < 1:
+        raise ValueError(f"gpumem: snapshot max_size {max_size!r:.60} is not a positive number of bytes")
+
+
+def _mib(count: int) -> str:
+    return f"{count / (1 << 20):.0f} MiB" if count >= 1 << 20 else f"{count} bytes"
 
 
 def _open(name: str) -> int:
@@ -217,8 +243,7 @@ def _check_header(header: bytes, name: str) -> None:
 # ---- unpickling ---------------------------------------------------------------------------------
 
 
-def _unpickle(data: bytes, name: str) -> Any:
-    reader = PlainReader(data)
+def _unpickle(reader: PlainReader, name: str) -> Any:
     try:
         return reader.load()
     except Refused as refused:
@@ -227,18 +252,10 @@ def _unpickle(data: bytes, name: str) -> Any:
             "snapshot holds only dicts, lists, strings and numbers, and loading a global could run "
             "code, so gpumem never loads one"
         ) from None
-    except Exception as error:  # a damaged or foreign file can fail in any way; KeyboardInterrupt is no Exception
-        raise SnapshotError(f"{name}: {_why(error)} (the opcode at byte {reader.at}); {_EXPECTED}") from None
-
-
-def _why(error: Exception) -> str:
-    if isinstance(error, BadPickle):
-        return f"not a pickle: {error}"
-    if isinstance(error, struct.error):  # only unpacking a number past the end raises it
-        return "not a pickle: it ends inside an opcode (the file is cut short)"
-    if isinstance(error, IndexError):  # only the stack's pops and [-1] raise it
-        return "not a pickle: it takes a value from an empty stack"
-    return f"not a usable pickle: {type(error).__name__} ({cut(str(error))})"  # MemoryError, UnicodeDecodeError
+    except TooLarge as error:
+        raise SnapshotError(f"{name}: too large to read: {error} (the opcode at byte {reader.at})") from None
+    except BadPickle as error:
+        raise SnapshotError(f"{name}: not a pickle: {error} (the opcode at byte {reader.at}); {_EXPECTED}") from None
 
 
 # ---- shape checks -------------------------------------------------------------------------------
@@ -399,8 +416,11 @@ def _blocks(shape: _Shape, entries: Any, address: int, where: str) -> tuple[Bloc
         at = f"{where}[{i}]"
         block = shape.require(shape.mapping(block, at), at, ("size", "state"))
         size = shape.number(block, at, "size", _SIZE)
+        # Older snapshots leave the address out: blocks tile the segment in address order.
+        if "address" not in block and address + offset > _ADDRESS.high:
+            raise shape.fail(at, "has no 'address', and the sizes of the blocks before it take its place past "
+                                 "2^64 - 1")
         blocks.append(Block(
-            # Older snapshots leave the address out: blocks tile the segment in address order.
             address=shape.number(block, at, "address", _ADDRESS, address + offset),
             size=size,
             requested_size=shape.number(block, at, "requested_size", _SIZE, size),

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from gpumem import _C, _nvml, _proc, _scope, publish
+from gpumem import _nvml, _proc, _scope, _sizes, publish
 from gpumem._words import shown
 
 WARN_AT = 0.85
@@ -287,7 +287,7 @@ def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
 
 
 def _size(n: Optional[int]) -> str:
-    return "-" if n is None else _C.format_bytes(n)
+    return "-" if n is None else _sizes.format_bytes(n)
 
 
 def _number(n: Optional[int]) -> str:

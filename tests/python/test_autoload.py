@@ -315,3 +315,42 @@ def test_the_stop_line_shows_a_hostile_value_escaped_and_cut(devices, stopped, v
     assert line.startswith(f"gpumem: bad GPUMEM_LIMIT {shown}: ")
     assert line.endswith("The program stops rather than run without the cap: fix GPUMEM_LIMIT or unset it.")
     assert "\x1b" not in line and len(line) < 2000
+
+
+SETTINGS_OF_WORDS = ["GPUMEM_SEGMENTS", "GPUMEM_SCOPE", "GPUMEM_MEM_INFO", "GPUMEM_WARN_AT", "GPUMEM_METRICS_PORT",
+                     "GPUMEM_PUBLISH", "GPUMEM_METRICS_ADDR"]
+
+
+def test_a_limit_that_is_not_utf_8_stops_a_torch_program_at_import_with_status_2():
+    completed = python("import torch\nprint('the program ran')", "\udcff")  # the byte 0xff, as the shell passes it
+    assert completed.returncode == 2 and "the program ran" not in completed.stdout
+    [line] = gpumem_lines(completed.stderr)
+    assert line.startswith('gpumem: bad GPUMEM_LIMIT "\\udcff": it holds the byte 0xff (character 1), which is not '
+                           "UTF-8 text. Accepted forms: ")
+    assert "Traceback" not in completed.stderr
+
+
+def test_the_stop_line_names_a_byte_of_gpumem_limit_that_is_not_utf_8(devices, stopped):
+    fake = devices("0:4GB,1:\udcfe")
+    line = stopped()
+    assert line.startswith('gpumem: bad GPUMEM_LIMIT "0:4GB,1:\\udcfe": it holds the byte 0xfe (character 9), '
+                           "which is not UTF-8 text. Accepted forms: ")
+    assert not fake.installed
+
+
+@pytest.mark.parametrize("variable", SETTINGS_OF_WORDS)
+def test_a_setting_that_is_not_utf_8_stops_the_program_naming_the_byte_and_the_forms(devices, stopped, monkeypatch,
+                                                                                     variable):
+    fake = devices("1GB")
+    monkeypatch.setenv(variable, "\udcff")
+    line = stopped()
+    assert line.startswith(f'gpumem: bad {variable} "\\udcff": it holds the byte 0xff (character 1), which is not '
+                           "UTF-8 text; give ")
+    assert not fake.installed
+
+
+def test_a_run_dir_that_is_not_utf_8_is_a_path_like_any_other(devices, monkeypatch, tmp_path):
+    fake = devices("1GB")
+    monkeypatch.setenv("GPUMEM_RUN_DIR", str(tmp_path) + "/\udcff")  # Linux paths may hold any byte
+    _autoload.install()
+    assert fake.installed

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import pathlib
 import re
 import signal
@@ -481,3 +482,89 @@ def test_control_characters_in_unknown_arguments_are_escaped():
     completed = gpumem("replay", data("big_blocks"), "--limit", "1GB", "\x1b]0;owned\x07")
     assert_usage_error(completed, "unrecognized arguments: \\x1b]0;owned\\x07")
     assert "\x1b" not in completed.stderr
+
+
+# ---- replay of hostile files, in this process -----------------------------------------------------
+
+
+def replayed(capsys, *args: str) -> tuple[int, str, list[str]]:
+    """cli.main(["replay", *args]): its status, its stdout and its stderr's lines."""
+    status = cli.main(["replay", *args])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err.splitlines()
+
+
+def huge_sizes(tmp_path) -> str:
+    """Eight blocks alive before the trace of 2^62 bytes each (the most one size may be): 2^65 in all."""
+    segments = [{"device": 0, "address": n << 40, "total_size": 1 << 62, "allocated_size": 1 << 62,
+                 "blocks": [{"address": n << 40, "size": 1 << 62, "state": "active_allocated"}]} for n in range(8)]
+    events = [{"action": "alloc", "addr": 1 << 63, "size": 512, "stream": 0, "time_us": 1}]
+    path = tmp_path / "huge.pickle"
+    path.write_bytes(pickle.dumps({"segments": segments, "device_traces": [events]}))
+    return str(path)
+
+
+def test_replay_of_sizes_adding_up_past_2_to_the_64_is_refused_in_one_line(tmp_path, capsys):
+    status, _, err = replayed(capsys, huge_sizes(tmp_path))
+    assert status == 2
+    [line] = err
+    assert line.startswith("gpumem: error: the device the trace needs (twice its peak) (67108864.00 TiB) is not")
+    assert "--device-total" in line and "internal error" not in line
+
+
+@pytest.mark.parametrize("mode", [[], ["--min-limit"], ["--limit", "1GB"]], ids=["uncapped", "min-limit", "limit"])
+def test_replay_of_sizes_adding_up_past_2_to_the_64_on_a_given_device_prints_them(tmp_path, capsys, mode):
+    status, out, err = replayed(capsys, huge_sizes(tmp_path), "--device-total", "80GB", *mode)
+    assert status == 1 and err == []
+    assert "none: the trace does not fit" in out if mode == ["--min-limit"] else "33554432.00 TiB" in out
+
+
+def sparse_snapshot(tmp_path, size: int) -> str:
+    path = tmp_path / "sparse.pickle"
+    with open(path, "wb") as file:
+        file.write(b"\x80\x04")
+        file.truncate(size)
+    return str(path)
+
+
+def test_replay_of_a_file_past_the_cap_is_refused_by_its_size_in_one_line(tmp_path, capsys):
+    path = sparse_snapshot(tmp_path, GiB)
+    status, _, err = replayed(capsys, path)
+    assert status == 2
+    assert err == [f"gpumem: error: {path}: is {GiB} bytes, larger than the cap of {256 * MiB} bytes (256 MiB) on "
+                   "a snapshot file; a larger one is max_size of gpumem.snapshot_file.load, --max-size of gpumem "
+                   "replay"]
+
+
+def test_replay_max_size_raises_the_cap(tmp_path, capsys):
+    path = sparse_snapshot(tmp_path, GiB)
+    status, _, [line] = replayed(capsys, path, "--max-size", "2GB")
+    assert status == 2 and "it holds the byte 0x00, which is no opcode" in line and "(the opcode at byte 2)" in line
+
+
+@pytest.mark.parametrize("size", ["5%", "0", "none", "huge"])
+def test_replay_max_size_must_be_a_size_in_bytes(tmp_path, capsys, size):
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["replay", sparse_snapshot(tmp_path, 10), "--max-size", size])
+    assert caught.value.code == 2
+    assert "is not a positive size in bytes" in capsys.readouterr().err
+
+
+def test_info_with_a_gpumem_limit_that_is_not_utf_8_says_so_and_exits_2(monkeypatch, capsys):
+    monkeypatch.setenv("GPUMEM_LIMIT", "\udcff")
+    assert cli.main(["info"]) == 2
+    captured = capsys.readouterr()
+    assert "GPUMEM_LIMIT is invalid: it holds the byte 0xff (character 1), which is not UTF-8 text" in captured.out
+    assert captured.err == ""
+
+
+@pytest.mark.parametrize("args", [["run", "--limit", "\udcff", "--", "true"],
+                                  ["replay", "x.pickle", "--limit", "4\udcffGB"],
+                                  ["replay", "x.pickle", "--precision", "\udcff"]],
+                         ids=["run-limit", "replay-limit", "replay-precision"])
+def test_an_argument_that_is_not_utf_8_is_a_usage_error_in_one_line(capsys, args):
+    with pytest.raises(SystemExit) as caught:
+        cli.main(args)
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert "internal error" not in err and "Traceback" not in err and "\\udcff" in err

@@ -148,3 +148,33 @@ def test_ctrl_c_while_the_command_imports_torch_exits_130_quietly(monkeypatch, c
     assert _gpumem_command.main() == 130
     assert _gpumem_command.running is True
     assert capsys.readouterr() == ("", "")
+
+
+INTERRUPTING_SITECUSTOMIZE = """
+import sys
+
+class InterruptingFinder:
+    # A Ctrl-C while `python -m gpumem` loads MODULE (torch, under gpumem's __init__; or gpumem.cli).
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            raise KeyboardInterrupt
+        return None
+
+sys.meta_path.insert(0, InterruptingFinder())
+"""
+
+
+@pytest.mark.parametrize("module", ["torch", "gpumem._C", "gpumem.cli"])
+def test_ctrl_c_while_python_m_gpumem_starts_exits_130_without_a_traceback(tmp_path, module):
+    (tmp_path / "sitecustomize.py").write_text(INTERRUPTING_SITECUSTOMIZE.format(module=module))
+    completed = gpumem("info", env={"PYTHONPATH": str(tmp_path)})
+    assert completed.returncode == 130
+    assert completed.stderr == "" and completed.stdout == ""
+
+
+def test_a_ctrl_c_while_another_program_imports_gpumem_goes_on_as_it_came(monkeypatch):
+    from gpumem import _invocation
+
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    with pytest.raises(KeyboardInterrupt), _invocation.interrupt_exits_quietly():
+        raise KeyboardInterrupt

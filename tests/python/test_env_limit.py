@@ -112,3 +112,13 @@ def test_a_hostile_value_is_shown_escaped_and_cut(fake_c, monkeypatch, value, sh
     message = str(caught.value)
     assert message.startswith(f"gpumem: {shown} cannot be applied: ")
     assert message.isprintable() and len(message) < 2000
+
+
+def test_a_value_that_is_not_utf_8_is_an_error_naming_the_byte_and_the_forms(fake_c, monkeypatch):
+    monkeypatch.setenv("GPUMEM_LIMIT", "4\udcffGB")  # what Python makes of GPUMEM_LIMIT=$'4\xffGB'
+    with pytest.raises(ValueError) as caught:
+        gpumem.enable()
+    message = str(caught.value)
+    assert message.startswith("gpumem: GPUMEM_LIMIT='4\\udcffGB' cannot be applied: it holds the byte 0xff "
+                              "(character 2), which is not UTF-8 text. Accepted forms: ")
+    assert message.isprintable() and not fake_c.installed

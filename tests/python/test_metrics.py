@@ -6,6 +6,9 @@ import errno
 import os
 import socket
 import sys
+import threading
+import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -13,7 +16,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 import gpumem
-from gpumem import _C, _env, _monitoring, metrics
+from gpumem import _C, _env, _http, _monitoring, metrics
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -207,7 +210,7 @@ def test_a_port_in_use_is_an_os_error_naming_the_address(served):
 def test_a_forked_child_lets_go_of_the_port_and_the_parent_still_serves(served):
     pid = os.fork()
     if pid == 0:
-        os._exit(0 if served._server.socket.fileno() == -1 else 1)
+        os._exit(0 if served._server.listener.fileno() == -1 else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert "gpumem_limit_bytes" in scrape(served.port)
@@ -328,3 +331,164 @@ def _keeping(serve, servers: list):
         return server
 
     return keep
+
+
+# ---- the endpoint under hostile clients ---------------------------------------------------------
+
+
+def stalled_client(port: int, sent: bytes = b"GET /metrics HTTP/1.1\r\nHost: gpumem\r\n") -> socket.socket:
+    """A loopback client that sends the start of a request and never its end."""
+    client = socket.create_connection(("127.0.0.1", port), timeout=30)
+    client.sendall(sent)
+    return client
+
+
+def answered(client: socket.socket) -> bool:
+    """Whether the server has written to (or closed) the client's connection."""
+    client.setblocking(False)
+    try:
+        client.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return False
+    finally:
+        client.setblocking(True)
+    return True
+
+
+def raw_request(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        client.sendall(request)
+        chunks = []
+        while chunk := client.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_a_scrape_is_answered_within_a_second_while_200_clients_stall_and_no_thread_is_added(served):
+    threads = threading.active_count()
+    stalled = []
+    try:
+        stalled = [stalled_client(served.port) for _ in range(200)]
+        started = time.monotonic()
+        families = scrape(served.port)
+        assert time.monotonic() - started < 1.0  # generous: a scrape takes milliseconds
+        assert "gpumem_limit_bytes" in families
+        assert threading.active_count() == threads  # one thread serves them all
+        assert not any(answered(client) for client in stalled)  # held, their requests unfinished
+    finally:
+        for client in stalled:
+            client.close()
+
+
+def test_a_client_that_stalls_is_closed_once_its_time_is_up(fake_c, monkeypatch):
+    monkeypatch.setattr(_http, "CONNECTION_SECONDS", 0.2)
+    with gpumem.serve_metrics(0) as server, stalled_client(server.port) as client:
+        assert client.recv(1) == b""  # closed by the server (the client's own timeout is 30 s)
+        assert "gpumem_limit_bytes" in scrape(server.port)
+
+
+def test_one_client_past_the_most_at_once_closes_the_oldest(fake_c, monkeypatch):
+    monkeypatch.setattr(_http, "MAX_CONNECTIONS", 4)
+    with gpumem.serve_metrics(0) as server:
+        clients = [stalled_client(server.port) for _ in range(4)]
+        try:
+            assert "gpumem_limit_bytes" in scrape(server.port)  # the fifth, which closes the first
+            assert clients[0].recv(1) == b""
+            assert not any(answered(client) for client in clients[1:])
+        finally:
+            for client in clients:
+                client.close()
+
+
+def test_a_request_head_past_8_kib_is_refused_and_closed(served):
+    response = raw_request(served.port, b"GET /metrics HTTP/1.1\r\nX: " + b"x" * 9000)
+    assert response.startswith(b"HTTP/1.1 431 ")
+
+
+@pytest.mark.parametrize("request_line, status", [(b"GET /metrics HTTP/1.1", 200), (b"HEAD /metrics HTTP/1.1", 200),
+                                                  (b"GET / HTTP/1.0", 200), (b"GET /other HTTP/1.1", 404),
+                                                  (b"POST /metrics HTTP/1.1", 405), (b"\xff\xfe", 400)],
+                         ids=["get", "head", "root", "other-path", "post", "not-http"])
+def test_each_request_gets_its_status(served, request_line, status):
+    response = raw_request(served.port, request_line + b"\r\nHost: gpumem\r\n\r\n")
+    head, _, body = response.partition(b"\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {status} ".encode())
+    assert (body == b"") == request_line.startswith(b"HEAD")
+
+
+def test_a_job_name_with_bytes_that_are_not_utf_8_is_escaped_and_scrapes_answer(fake_c, monkeypatch, capfd):
+    monkeypatch.setenv("GPUMEM_JOB", 'bert\udcff\n"x')  # GPUMEM_JOB=$'bert\xff\n"x'
+    fake_c.malloc(0, 2 * MiB)
+    with gpumem.serve_metrics(0) as server:
+        families = scrape(server.port)
+    assert value(families, "gpumem_limit_bytes", job='bert\\udcff\\n"x') == 8 * GiB
+    assert capfd.readouterr().err == ""
+
+
+@pytest.mark.parametrize("text, label", [("plain", "plain"), ("a\tb", "a\\tb"), ("\x1b[2J", "\\x1b[2J"),
+                                         ("é中", "é中"), ("\ud800", "\\ud800"), ("j" * 500, "j" * 128)])
+def test_a_label_value_is_any_string_made_printable_utf_8(text, label):
+    assert metrics.label_value(text) == label
+    metrics.label_value(text).encode("utf-8")
+
+
+def test_an_error_while_reading_the_figures_is_http_500_with_nothing_on_stderr(fake_c, served, monkeypatch, capfd):
+    fake_c.malloc(0, 2 * MiB)
+    monkeypatch.setattr(fake_c, "device_figures", lambda device: 1 / 0)
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        scrape(served.port)
+    assert caught.value.code == 500
+    assert capfd.readouterr().err == ""
+    monkeypatch.undo()
+
+
+# ---- GPUMEM_METRICS_ADDR --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("environ, addr", [({}, "127.0.0.1"), ({"GPUMEM_METRICS_ADDR": "0.0.0.0"}, "0.0.0.0"),
+                                           ({"GPUMEM_METRICS_ADDR": " ::1 "}, "::1"),
+                                           ({"GPUMEM_METRICS_ADDR": "node-7.cluster"}, "node-7.cluster")])
+def test_gpumem_metrics_addr_reads_an_address_and_defaults_to_loopback(environ, addr):
+    assert _env.metrics_addr(environ) == addr
+
+
+@pytest.mark.parametrize("text", ["", "http://0.0.0.0", "0.0.0.0:9400", "a b", "-x", "\udcff", "h" * 300])
+def test_a_bad_gpumem_metrics_addr_names_the_variable_and_the_accepted_forms(text):
+    with pytest.raises(ValueError, match=r"GPUMEM_METRICS_ADDR=.* cannot be applied: .*give an address to listen on"):
+        _env.metrics_addr({"GPUMEM_METRICS_ADDR": text})
+
+
+def test_a_bad_gpumem_metrics_addr_at_autoload_stops_the_program(hook_devices, stopped, monkeypatch):
+    hook_devices("4GB")
+    monkeypatch.setenv("GPUMEM_METRICS_ADDR", "0.0.0.0:80")
+    assert stopped().startswith('gpumem: bad GPUMEM_METRICS_ADDR "0.0.0.0:80": give an address to listen on')
+
+
+def test_gpumem_metrics_addr_at_autoload_is_where_the_endpoint_listens(hook_devices, monkeypatch):
+    from gpumem import _autoload
+
+    queued = []
+    monkeypatch.setattr(_monitoring.torch.cuda, "_lazy_call", queued.append)
+    hook_devices("4GB")
+    port = free_port()
+    monkeypatch.setenv("GPUMEM_METRICS_PORT", str(port))
+    monkeypatch.setenv("GPUMEM_METRICS_ADDR", "127.0.0.2")  # loopback still, but not the default
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    _autoload.install()
+    monkeypatch.setattr(metrics, "serve_for_environment", _keeping(metrics.serve_for_environment, servers := []))
+    [start] = queued
+    start()
+    try:
+        [server] = servers
+        assert server.addr == "127.0.0.2"
+        with urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=30) as response:
+            assert response.status == 200
+    finally:
+        for server in servers:
+            server.close()
+
+
+def test_an_address_this_machine_does_not_have_is_one_line_on_stderr_naming_it(fake_c, capsys):
+    assert metrics.serve_for_environment(free_port(), {}, addr="no-such-host.invalid") is None
+    [line] = capsys.readouterr().err.splitlines()
+    assert "cannot serve metrics on no-such-host.invalid:" in line and "pick another" not in line

@@ -487,3 +487,36 @@ def test_a_device_total_the_simulator_cannot_model_is_a_clear_error(total):
         rp.replay(from_dict(snapshot), "none")
     with pytest.raises(ValueError, match="the given device total .* simulator models"):
         rp.replay(from_dict(trace(event("alloc", 1 << 20, MiB))), "none", total=total)
+
+
+# ---- sizes that add up past 2^64 -----------------------------------------------------------------
+
+HUGE = 1 << 62  # the largest size a snapshot may hold
+
+
+def huge_trace(count: int = 8) -> dict:
+    """`count` segments of HUGE bytes, each one block alive before the trace: each size within
+    range, their sum past 2^64 once count passes 4."""
+    segments = tuple({"device": 0, "address": n << 40, "total_size": HUGE, "allocated_size": HUGE,
+                      "blocks": [{"address": n << 40, "size": HUGE, "state": "active_allocated"}]}
+                     for n in range(count))
+    return trace(event("alloc", 1 << 63, 512), segments=segments)
+
+
+def test_replay_of_sizes_adding_up_past_2_to_the_64_names_the_device_it_would_need():
+    with pytest.raises(ValueError, match=r"the device the trace needs \(twice its peak\) \(67108864.00 TiB\) is "
+                                         r"not a device size the simulator models.*--device-total"):
+        rp.replay(from_dict(huge_trace()), None)
+
+
+def test_replay_of_sizes_adding_up_past_2_to_the_64_on_a_given_device_reports_them():
+    result = rp.replay(from_dict(huge_trace()), None, total=80 * GiB)
+    assert not result.fits and result.failure.size == HUGE
+    assert result.original_peak_reserved == 8 * HUGE
+
+
+def test_a_block_whose_computed_address_passes_2_to_the_64_is_refused_naming_it():
+    blocks = [{"size": HUGE, "state": "inactive"} for _ in range(5)]
+    segment = {"address": (1 << 64) - HUGE, "total_size": HUGE, "blocks": blocks}
+    with pytest.raises(SnapshotError, match=r"segments\[0\]\['blocks'\]\[1\] has no 'address', and the sizes"):
+        from_dict(trace(event("alloc", 0, 512), segments=(segment,)))

@@ -284,3 +284,16 @@ def test_a_limit_of_the_wrong_type_is_shown_cut(fake_c):
         gpumem.set_limit([1] * 1_000_000)
     assert "[1, 1, 1," in str(caught.value) and "… (3000000 characters)" in str(caught.value)
     assert len(str(caught.value)) < 1000
+
+
+@pytest.mark.parametrize("limit, problem", [
+    ("\udcff", "it holds the byte 0xff (character 1), which is not UTF-8 text"),
+    ("4GB\ud800", "it holds the lone surrogate \\ud800 (character 4), which is not text"),
+], ids=["a-byte-that-is-not-utf-8", "a-lone-surrogate"])
+def test_a_limit_that_is_not_utf_8_is_a_value_error_naming_it_and_changes_nothing(fake_c, limit, problem):
+    with pytest.raises(ValueError) as caught:
+        gpumem.set_limit(limit)
+    message = str(caught.value)
+    assert message.startswith(f'gpumem: bad limit "{limit.encode("unicode_escape").decode()}": {problem}')
+    assert gpumem._C.limit_forms in message and message.isprintable()
+    assert not fake_c.installed and fake_c.limits() == [8 * GiB, 8 * GiB]

@@ -84,9 +84,9 @@ def nested(depth: int) -> bytes:
     return pickle.EMPTY_LIST * depth + pickle.APPEND * (depth - 1)
 
 
-def rejected(path, *needles: str) -> str:
+def rejected(path, *needles: str, **where) -> str:
     with pytest.raises(SnapshotError) as caught:
-        load(path)
+        load(path, **where)
     message = str(caught.value)
     assert str(path) in message and "\n" not in message and len(message) < len(str(path)) + 400
     for needle in needles:
@@ -96,7 +96,7 @@ def rejected(path, *needles: str) -> str:
 
 CHILD = r"""
 import importlib.util, json, resource, sys
-module_path, snapshot_path, memory = sys.argv[1], sys.argv[2], int(sys.argv[3])
+module_path, snapshot_path, memory, max_size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 # The reader's two modules alone, without the gpumem package (and torch) it lives in.
 def load_module(name, path):
@@ -108,7 +108,7 @@ def load_module(name, path):
 load_module("gpumem._plain_data", module_path.replace("snapshot_file.py", "_plain_data.py"))
 module = load_module("snapshot_file", module_path)
 try:
-    module.load(snapshot_path)
+    module.load(snapshot_path, max_size=max_size)
     outcome = {"error": None, "message": ""}
 except Exception as error:
     outcome = {"error": type(error).__name__, "message": str(error)}
@@ -120,17 +120,17 @@ print(json.dumps(outcome))
 """
 
 
-def load_in_child(path, timeout: float = 30, memory: int = GiB) -> dict:
-    """load(path) in a fresh interpreter with `memory` bytes of address space, for `timeout` seconds:
-    {"error": the exception's type name or None, "message", "peak_mib": its peak resident memory}."""
-    completed = subprocess.run([sys.executable, "-c", CHILD, snapshot_file.__file__, str(path), str(memory)],
-                               capture_output=True, text=True, timeout=timeout)
+def load_in_child(path, timeout: float = 30, memory: int = GiB, max_size: int = snapshot_file.MAX_FILE_SIZE) -> dict:
+    """load(path, max_size) in a fresh interpreter with `memory` bytes of address space, for `timeout`
+    seconds: {"error": the exception's type name or None, "message", "peak_mib": its peak resident memory}."""
+    completed = subprocess.run([sys.executable, "-c", CHILD, snapshot_file.__file__, str(path), str(memory),
+                                str(max_size)], capture_output=True, text=True, timeout=timeout)
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(completed.stdout)
 
 
-def rejected_in_child(path, *needles: str) -> dict:
-    outcome = load_in_child(path)
+def rejected_in_child(path, *needles: str, **where) -> dict:
+    outcome = load_in_child(path, **where)
     assert outcome["error"] == "SnapshotError", outcome
     assert str(path) in outcome["message"] and "\n" not in outcome["message"]
     for needle in needles:
@@ -168,8 +168,65 @@ def test_a_huge_file_with_a_wrong_first_byte_is_refused_before_the_rest_is_read(
     with open(path, "wb") as file:
         file.truncate(3 * GiB)  # sparse: no disk, and zeros where a pickle has its header
     started = time.monotonic()
-    outcome = rejected_in_child(path, "not a pickle: it starts with b'\\x00\\x00'")
+    outcome = rejected_in_child(path, "not a pickle: it starts with b'\\x00\\x00'", max_size=4 * GiB)
     assert time.monotonic() - started < 10 and outcome["peak_mib"] < 100
+
+
+def sparse(tmp_path, size: int, start: bytes = b"") -> pathlib.Path:
+    """A file of `size` bytes that takes no disk: `start`, then zeros."""
+    path = tmp_path / "sparse.pickle"
+    with open(path, "wb") as file:
+        file.write(start)
+        file.truncate(size)
+    return path
+
+
+def test_a_file_larger_than_the_cap_is_refused_by_its_size_before_a_byte_is_read(tmp_path):
+    path = sparse(tmp_path, GiB, pickle.PROTO + b"\x04")
+    outcome = rejected_in_child(path, f"is {GiB} bytes, larger than the cap of {snapshot_file.MAX_FILE_SIZE} bytes "
+                                      "(256 MiB) on a snapshot file", "max_size", "--max-size")
+    assert outcome["peak_mib"] < 100
+
+
+def test_max_size_sets_the_cap(tmp_path):
+    path = write(tmp_path, pickle.dumps(snapshot()))
+    size = os.path.getsize(path)
+    assert load(path, max_size=size).events(0)[0].size == 512
+    rejected(path, f"is {size} bytes, larger than the cap of {size - 1} bytes", max_size=size - 1)
+
+
+@pytest.mark.parametrize("max_size, error", [(0, ValueError), (-1, ValueError), ("1GB", TypeError),
+                                             (True, TypeError), (1.5, TypeError)])
+def test_a_bad_max_size_is_refused_naming_it(tmp_path, max_size, error):
+    with pytest.raises(error, match="max_size"):
+        load(write(tmp_path, pickle.dumps(snapshot())), max_size=max_size)
+
+
+def test_a_huge_file_that_goes_wrong_at_byte_2_is_refused_before_the_rest_is_read(tmp_path):
+    path = sparse(tmp_path, GiB, pickle.PROTO + b"\x04")
+    outcome = rejected_in_child(path, "the byte 0x00, which is no opcode", "(the opcode at byte 2)", max_size=2 * GiB)
+    assert outcome["peak_mib"] < 100
+
+
+ONE_BYTE_VALUES = 2 * MiB
+
+
+@pytest.mark.parametrize("content", [
+    b"\x80\x04](" + pickle.EMPTY_DICT * ONE_BYTE_VALUES + b"e.",
+    b"\x80\x04](" + pickle.EMPTY_LIST * ONE_BYTE_VALUES + b"e.",
+    b"\x80\x04" + pickle.MARK * ONE_BYTE_VALUES,
+], ids=["empty-dicts", "empty-lists", "marks"])
+def test_values_that_would_take_more_than_48_bytes_a_byte_of_the_file_are_refused(tmp_path, content):
+    baseline = load_in_child(write(tmp_path, b"\x80\x04N.", "small.pickle"))["peak_mib"]
+    outcome = rejected_in_child(write(tmp_path, content), "too large to read: its values would take more than")
+    assert outcome["peak_mib"] - baseline < 56 * ONE_BYTE_VALUES // MiB
+
+
+def test_each_memo_entry_takes_a_slot_not_a_dict_entry(tmp_path):
+    baseline = load_in_child(write(tmp_path, b"\x80\x04N.", "small.pickle"))["peak_mib"]
+    content = b"\x80\x04" + pickle.NONE + pickle.MEMOIZE * ONE_BYTE_VALUES + pickle.STOP
+    outcome = rejected_in_child(write(tmp_path, content), "the top level is None, not a dict")
+    assert outcome["peak_mib"] - baseline < 16 * ONE_BYTE_VALUES // MiB
 
 
 @pytest.mark.parametrize("protocol", [0, 1])
@@ -195,14 +252,14 @@ def test_the_reader_reads_no_more_than_the_size_the_file_had_when_opened(tmp_pat
 @pytest.mark.parametrize("name", sorted(p.stem for p in DATA.glob("*.pickle") if p.stem != "with_global"))
 def test_the_reader_reads_each_committed_snapshot_as_pickle_does(name):
     data = (DATA / f"{name}.pickle").read_bytes()
-    assert snapshot_file._unpickle(data, name) == pickle.loads(data)
+    assert _plain_data.loads(data) == pickle.loads(data)
 
 
 @pytest.mark.parametrize("content, problem", [
     (b"\x80\x04\x8c\x05ab", "it ends inside an opcode (the file is cut short)"),
     (b"\x80\x04\x8d" + struct.pack("<Q", 1 << 40) + b"ab.", "it ends inside an opcode"),
     (b"\x80\x04N", "it ends before its STOP opcode"),
-    (b"\x80\x04\x8c\x02\xff\xfe.", "not a usable pickle: UnicodeDecodeError"),
+    (b"\x80\x04\x8c\x02\xff\xfe.", "it holds text that is not UTF-8 (invalid start byte at byte 0 of it)"),
     (b"\x80\x04a.", "it takes a value from an empty stack"),
     (b"\x80\x04h\x05.", "it refers to memo entry 5, which it never stored"),
     (b"\x80\x04}Na.", "it adds to an empty dict, not to a list"),
@@ -247,15 +304,15 @@ def test_a_memory_error_while_unpickling_is_a_snapshot_error(tmp_path, monkeypat
     def exhausted(reader):
         raise MemoryError
 
-    monkeypatch.setitem(_plain_data.OPCODES, pickle.EMPTY_DICT[0], exhausted)
-    rejected(write(tmp_path, pickle.dumps(snapshot())), "not a usable pickle: MemoryError")
+    monkeypatch.setitem(_plain_data.OPCODES, pickle.EMPTY_DICT[0], (exhausted, 0))
+    rejected(write(tmp_path, pickle.dumps(snapshot())), "too large to read: there is not the memory to hold its values")
 
 
 def test_a_keyboard_interrupt_while_unpickling_is_not_caught(tmp_path, monkeypatch):
     def interrupted(reader):
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(_plain_data.OPCODES, pickle.EMPTY_DICT[0], interrupted)
+    monkeypatch.setitem(_plain_data.OPCODES, pickle.EMPTY_DICT[0], (interrupted, 0))
     with pytest.raises(KeyboardInterrupt):
         load(write(tmp_path, pickle.dumps(snapshot())))
 
@@ -463,3 +520,48 @@ def test_torchs_in_memory_snapshot_shares_nothing_the_reader_walks(run_python):
         """
     )
     assert result["events"] >= 5 and result["frames"] >= 5
+
+
+# ---- damaged files, in bulk -----------------------------------------------------------------------
+
+FUZZ_CHILD = r"""
+import importlib.util, json, resource, sys
+tests_dir, module_path, count, memory = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+sys.path.insert(0, tests_dir)
+import mutants
+def load_module(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+load_module("gpumem._plain_data", module_path.replace("snapshot_file.py", "_plain_data.py"))
+module = load_module("snapshot_file", module_path)
+outcome = {"read": 0, "refused": 0, "other": []}
+for n in range(count):
+    try:
+        module.loads(mutants.mutant(n), f"mutant {n}")
+        outcome["read"] += 1
+    except module.SnapshotError as error:
+        outcome["refused"] += 1
+        if "\n" in str(error) or not str(error).startswith(f"mutant {n}: "):
+            outcome["other"].append([n, "message: " + str(error)[:300]])
+    except Exception as error:
+        outcome["other"].append([n, repr(error)[:300]])
+with open("/proc/self/status") as status:
+    peak = next(line for line in status if line.startswith("VmHWM:"))
+outcome["peak_mib"] = int(peak.split()[1]) // 1024
+print(json.dumps(outcome))
+"""
+
+
+def test_damaged_snapshots_are_read_or_refused_with_one_line_in_bounded_memory():
+    count = int(os.environ.get("GPUMEM_FUZZ_COUNT", 1500))
+    completed = subprocess.run([sys.executable, "-c", FUZZ_CHILD, str(pathlib.Path(__file__).parent),
+                                snapshot_file.__file__, str(count), str(GiB)],
+                               capture_output=True, text=True, timeout=60 + count / 100)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    outcome = json.loads(completed.stdout)
+    assert outcome["other"] == [] and outcome["read"] + outcome["refused"] == count
+    assert outcome["peak_mib"] < 100  # each is at most 16 KiB: Note [memory] allows it 2 MiB
