@@ -9,7 +9,7 @@
 #   PART=2  CUDA graphs, cudagraph trees, MemPool, training, and every test that needs no GPU
 #           (then the snapshot capture)
 # Exit status: 0 everything run passed; 1 something failed (the build, a pytest test, the conformance
-# suite; pytest's own status is in $OUT/pytest.log); 3 incomplete: everything run passed but the
+# suite; their output is in $OUT); 3 incomplete: everything run passed but the
 # conformance suite could not be built (no CMake, Ninja or Catch2 v2 header: tools/conformance.sh
 # prints one line saying which), so it was not run.
 set -uo pipefail

@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/errors.h"
+
 namespace gpumem {
 
 namespace {
@@ -31,7 +33,8 @@ void* TorchPoolSource::reserve(std::size_t bytes) {
                            "aligned to 256 bytes at least)");
 }
 
-void TorchPoolSource::release(void* ptr, std::size_t /*bytes*/) {
+void TorchPoolSource::release(void* ptr, std::size_t bytes) {
+  quietly([&] { history_.drop_frees(device_, reinterpret_cast<std::uintptr_t>(ptr), bytes); });
   context_.on_device(device_, [&] { allocator_->raw_delete(ptr); });
 }
 

@@ -9,7 +9,9 @@
 // segment from it; before 2.11 torch passes a raw pointer, kept alive by the MemPool that owns it.
 //
 // Both calls run with the core's device lock held: an allocator that calls back into torch's CUDA
-// allocator (gpumem) from inside them would deadlock, as it would natively.
+// allocator (gpumem) from inside them would deadlock, as it would natively. A segment given back
+// takes the history's notes of what was freed in it along (Note [the requested size of a free
+// block], torch/history.h), as the TracingBackend's segments do.
 #pragma once
 
 #include <cstddef>
@@ -18,13 +20,14 @@
 #include "core/segment_source.h"
 #include "torch/compat.h"
 #include "torch/cuda_context.h"
+#include "torch/history.h"
 
 namespace gpumem {
 
 class TorchPoolSource final : public SegmentSource {
  public:
-  TorchPoolSource(GPUMEM_POOL_ALLOCATOR_TYPE allocator, int device, CudaContext& context)
-      : allocator_(std::move(allocator)), device_(device), context_(context) {}
+  TorchPoolSource(GPUMEM_POOL_ALLOCATOR_TYPE allocator, int device, CudaContext& context, History& history)
+      : allocator_(std::move(allocator)), device_(device), context_(context), history_(history) {}
 
   void* reserve(std::size_t bytes) override;
   void release(void* ptr, std::size_t bytes) override;
@@ -33,6 +36,7 @@ class TorchPoolSource final : public SegmentSource {
   GPUMEM_POOL_ALLOCATOR_TYPE allocator_;
   const int device_;
   CudaContext& context_;
+  History& history_;
 };
 
 }  // namespace gpumem

@@ -74,7 +74,9 @@ void TorchAllocator::createOrIncrefPool(DeviceIndex device, MempoolId mempool_id
   gpumem::DeviceAllocator& d = this->device(device);
   const void* other = address_of(allocator);
   std::shared_ptr<SegmentSource> source;
-  if (other != nullptr && other != this) source = std::make_shared<TorchPoolSource>(std::move(allocator), device, *context_);
+  if (other != nullptr && other != this) {
+    source = std::make_shared<TorchPoolSource>(std::move(allocator), device, *context_, history_);
+  }
   with_c10_errors([&] { d.create_pool(torch_compat::to_gpumem(mempool_id), std::move(source)); });
 }
 #endif

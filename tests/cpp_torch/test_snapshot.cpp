@@ -265,3 +265,20 @@ TEST_CASE("without recording a free block shows no requested size", "[torch][sna
   sim.adapter.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {});
   REQUIRE(free_block_requested(sim.adapter, start) == 0);
 }
+
+TEST_CASE("the history notes frees while recording: the latest in a range, dropped by range, per device",
+          "[torch][history]") {
+  History history(2);
+  history.note_free(0, 0x1000, 50);  // not recording: not noted
+  REQUIRE(history.last_freed_within(0, 0x1000, 0x400) == 0);
+  history.configure(true, nullptr, 10, RecordContext::STATE, false, {});
+  history.note_free(0, 0x1400, 200);
+  history.note_free(0, 0x1000, 100);
+  history.note_free(1, 0x1000, 300);
+  REQUIRE(history.last_freed_within(0, 0x1000, 0x800) == 100);
+  REQUIRE(history.last_freed_within(0, 0x1400, 0x400) == 200);
+  REQUIRE(history.last_freed_within(1, 0x1000, 0x800) == 300);
+  history.drop_frees(0, 0x1000, 0x400);
+  REQUIRE(history.last_freed_within(0, 0x1000, 0x800) == 200);
+  REQUIRE(history.last_freed_within(1, 0x1000, 0x800) == 300);
+}
