@@ -1,5 +1,5 @@
 """What /proc says about a process: its start time, its pid namespace, the pids it has in nested
-namespaces, its user and its command. For gpumem.publish (a process's own identity) and gpumem.top
+namespaces, its uid, its user and its command. For gpumem.publish (a process's own identity) and gpumem.top
 (whether a published process is still the one that published).
 
 Every function takes the proc root (`proc`, "/proc" on Linux) as a value, so tests build a tree of
@@ -58,6 +58,17 @@ def nested_pids(proc: str = PROC) -> dict[tuple[int, int], int]:
         if started is not None:
             found[(inner, started)] = pid
     return found
+
+
+def uid_of(pid: object, proc: str = PROC) -> Optional[int]:
+    """The process's effective uid, as the Uid line of its status gives it (the uid its files get);
+    None if it cannot be read."""
+    text = _read(f"{proc}/{pid}/status", _MAX_STATUS)
+    for line in (text or "").splitlines():
+        if line.startswith("Uid:"):
+            uids = line.split()[1:]
+            return int(uids[1]) if len(uids) >= 2 and uids[1].isascii() and uids[1].isdigit() else None
+    return None
 
 
 def user_of(pid: object, proc: str = PROC) -> Optional[str]:

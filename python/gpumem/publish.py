@@ -18,7 +18,8 @@ pattern lets `gpumem top`, run as root, find every user's directory. Not $TMPDIR
 set per job: the jobs would not see each other. The default directory must be this user's own and
 private (not a link, no access for others): one that another user made first is refused, so no one
 else can plant or read the files. A GPUMEM_RUN_DIR is used as it is (an administrator may share one
-with containers); it is made 0700 if missing. Files are 0600.
+with containers), unless users besides its owner may write to it and it is not sticky
+(shared_dir_problem); it is made 0700 if missing. Files are 0600.
 
 When. A daemon thread, `gpumem-publish`, started when the process first initializes CUDA (as the
 metrics endpoint, gpumem._monitoring: a launcher or a DataLoader worker publishes nothing), wakes
@@ -98,6 +99,9 @@ def prepare(run_dir: RunDir) -> None:
         os.makedirs(run_dir.path, 0o700, exist_ok=True)
         if not os.access(run_dir.path, os.W_OK | os.X_OK):
             raise PermissionError(f"{shown_path(run_dir.path)} is not writable by this user")
+        problem = shared_dir_problem(os.stat(run_dir.path))
+        if problem is not None:
+            raise PermissionError(f"{shown_path(run_dir.path)} {problem}")
         return
     with contextlib.suppress(FileExistsError):
         os.mkdir(run_dir.path, 0o700)
@@ -106,6 +110,18 @@ def prepare(run_dir: RunDir) -> None:
         raise PermissionError(f"{shown_path(run_dir.path)} is not a private directory of this user (owner uid "
                               f"{info.st_uid}, mode {stat.filemode(info.st_mode)}): remove it, or set "
                               "GPUMEM_RUN_DIR")
+
+
+def shared_dir_problem(info: os.stat_result) -> Optional[str]:
+    """Why a run directory with this stat cannot be trusted, or None: one that users besides its owner
+    may write to must be sticky (as /tmp is), or they could remove and replace each other's files.
+    See Note [whose figures] in gpumem.top."""
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a directory"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+        return (f"is writable by other users and not sticky (mode {stat.filemode(info.st_mode)}): any of them "
+                "could remove or replace the files in it; make it sticky (chmod +t), as /tmp is, or private")
+    return None
 
 
 # ---- writing --------------------------------------------------------------------------------------

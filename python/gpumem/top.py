@@ -24,6 +24,20 @@ Note [pids across namespaces]
   it sees no host pid in its /proc: NVML's rows keep pids it cannot name, and the container's own
   gpumem processes are shown apart, flagged as not in NVML's list.
 
+Note [whose figures]
+  A file is trusted as a process's figures only when its owner is the process's user: the file's
+  uid is the effective uid in the process's /proc/<pid>/status (the uid a file it writes gets, the
+  same from every pid namespace, and mapped the same by a user namespace). Nobody but root can make
+  a file another user owns, so a file one user plants for another's process, in a directory of
+  their own or a shared one, is skipped and named under the table, and the process's real file is
+  used; of two files that pass for one process, the first by path is. A directory that users besides
+  its owner may write to is read only if it is sticky, as /tmp is (publish.shared_dir_problem): in
+  one that is not, anyone could remove a process's file or put a file of their own in its place.
+  A file of a process that cannot be seen from here (Note [pids across namespaces]) cannot be
+  checked against it: its row says whose file it is (USER) and that its pid is in another
+  namespace. A file whose time is ahead of the clock (by more than CLOCK_SLACK_SECONDS) is skipped:
+  its heartbeat cannot be read, and it would never go stale.
+
 Note [stale entries]
   A published file whose process ended without removing it (killed) is left out and removed. For a
   process of this pid namespace that is certain: its pid is gone or has another start time (Note
@@ -36,15 +50,17 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from gpumem import _nvml, _proc, _scope, _sizes, publish
-from gpumem._words import shown
+from gpumem._words import shown, shown_path
 
 WARN_AT = 0.85
+CLOCK_SLACK_SECONDS = 2.0  # a file written while the view is made is a little ahead of its time
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 open_nvml: Callable[[], object] = _nvml.Nvml  # the GPUs are read through it; tests put a fake NVML here
 sleep: Callable[[float], None] = time.sleep  # between refreshes; tests replace it
@@ -101,7 +117,7 @@ def collect(nvml, run_dirs: list[str], warn_at: float, proc: str = _proc.PROC, n
     now = time.time() if now is None else now
     gpus = nvml.gpus()
     entries, problems = _read(run_dirs, now)
-    placed, apart, stale = _locate(entries, proc, now)
+    placed, apart, stale = _locate(entries, proc, now, problems)
     removed = sum(publish.remove_if_unchanged(entry) for entry in stale)
     rows = _rows(gpus, placed, apart, warn_at, proc)
     return View(now, gpus, rows, warn_at, list(run_dirs), removed, problems)
@@ -114,6 +130,10 @@ def _read(run_dirs: list[str], now: float) -> tuple[list, list[str]]:
     entries, problems = [], []
     for directory in run_dirs:
         try:
+            problem = publish.shared_dir_problem(os.stat(directory))
+            if problem is not None:
+                problems.append(f"{shown_path(directory)} {problem}")
+                continue
             found, wrong = publish.read_entries(directory)
         except FileNotFoundError:
             continue  # no process has published there yet
@@ -124,32 +144,50 @@ def _read(run_dirs: list[str], now: float) -> tuple[list, list[str]]:
         publish.remove_stale_temporaries(directory, now)
         entries += found
         problems += wrong
-    return entries, problems
+    return sorted(entries, key=lambda entry: entry.path), problems
 
 
-def _locate(entries: list, proc: str, now: float) -> tuple[dict, list, list]:
+def _locate(entries: list, proc: str, now: float, problems: list[str]) -> tuple[dict, list, list]:
     """(pid here -> entry of a live process, live entries whose pid cannot be seen from here, stale
-    entries). See Note [pids across namespaces] and Note [stale entries]."""
+    entries); what is skipped is said in `problems`. See Note [pids across namespaces], Note [stale
+    entries] and Note [whose figures]."""
     mine = _proc.pid_namespace("self", proc)
     placed, apart, stale = {}, [], []
     nested = None
     for entry in entries:
-        if mine is not None and entry.pid_namespace == mine:
-            if _proc.start_time(entry.pid, proc) == entry.start_time:
-                placed[entry.pid] = entry
-            else:
-                stale.append(entry)
+        if entry.mtime > now + CLOCK_SLACK_SECONDS:
+            problems.append(f"{shown_path(entry.path)}: written {entry.mtime - now:.0f} s in the future: no heartbeat "
+                            "can be read from it")
             continue
-        if nested is None:
-            nested = _proc.nested_pids(proc)
-        pid = nested.get((entry.pid, entry.start_time))
-        if pid is not None:
-            placed[pid] = entry
-        elif now - entry.mtime > publish.STALE_SECONDS:
-            stale.append(entry)
+        if mine is not None and entry.pid_namespace == mine:
+            if _proc.start_time(entry.pid, proc) != entry.start_time:
+                stale.append(entry)
+                continue
+            pid = entry.pid
         else:
-            apart.append(entry)
+            if nested is None:
+                nested = _proc.nested_pids(proc)
+            pid = nested.get((entry.pid, entry.start_time))
+            if pid is None:
+                (stale if now - entry.mtime > publish.STALE_SECONDS else apart).append(entry)
+                continue
+        problem = _not_its_file(entry, pid, placed, proc)
+        if problem is None:
+            placed[pid] = entry
+        else:
+            problems.append(f"{shown_path(entry.path)}: {problem}")
     return placed, apart, stale
+
+
+def _not_its_file(entry, pid: int, placed: dict, proc: str) -> Optional[str]:
+    """Why the entry is not the figures of process `pid` (as seen here), or None if it is."""
+    uid = _proc.uid_of(pid, proc)
+    if uid != entry.uid:
+        runs_as = "whose user cannot be read" if uid is None else f"which runs as {_proc.user_name(uid)}"
+        return f"the file is {_proc.user_name(entry.uid)}'s, but it names process {pid}, {runs_as}: not its figures"
+    if pid in placed:
+        return f"process {pid} has published its figures already, in {shown_path(placed[pid].path)}"
+    return None
 
 
 def _rows(gpus: list, placed: dict, apart: list, warn_at: float, proc: str) -> list[Row]:

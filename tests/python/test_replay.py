@@ -513,10 +513,3 @@ def test_replay_of_sizes_adding_up_past_2_to_the_64_on_a_given_device_reports_th
     result = rp.replay(from_dict(huge_trace()), None, total=80 * GiB)
     assert not result.fits and result.failure.size == HUGE
     assert result.original_peak_reserved == 8 * HUGE
-
-
-def test_a_block_whose_computed_address_passes_2_to_the_64_is_refused_naming_it():
-    blocks = [{"size": HUGE, "state": "inactive"} for _ in range(5)]
-    segment = {"address": (1 << 64) - HUGE, "total_size": HUGE, "blocks": blocks}
-    with pytest.raises(SnapshotError, match=r"segments\[0\]\['blocks'\]\[1\] has no 'address', and the sizes"):
-        from_dict(trace(event("alloc", 0, 512), segments=(segment,)))

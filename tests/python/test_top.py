@@ -4,6 +4,7 @@ and the publisher itself over a simulated device. No GPU, no driver: NVML is the
 from __future__ import annotations
 
 import json
+import stat
 import re
 import os
 import subprocess
@@ -357,15 +358,18 @@ def test_gpumem_run_dir_is_the_only_dir_read_when_set(tmp_path):
 # ---- pid namespaces (a /proc tree of the test's own) --------------------------------------------
 
 
-def fake_proc(root, processes: dict[int, tuple[int, list[int]]], namespace: str = "pid:[1]") -> str:
-    """A /proc with these processes: pid -> (start time, NSpid), and this process's namespace."""
+def fake_proc(root, processes: dict[int, tuple[int, list[int]]], namespace: str = "pid:[1]", uid: int | None = None) -> str:
+    """A /proc with these processes: pid -> (start time, NSpid), each run by `uid` (this process's
+    by default), and this process's namespace."""
+    uid = os.geteuid() if uid is None else uid
     (root / "self" / "ns").mkdir(parents=True)
     (root / "self" / "ns" / "pid").symlink_to(namespace)
     for pid, (started, ns_pids) in processes.items():
         (root / str(pid)).mkdir()
         fields = ["S"] + ["0"] * 18 + [str(started)] + ["0"] * 5
         (root / str(pid) / "stat").write_text(f"{pid} (python (x)) {' '.join(fields)}\n")
-        (root / str(pid) / "status").write_text("Name:\tpython\nNSpid:\t" + "\t".join(map(str, ns_pids)) + "\n")
+        (root / str(pid) / "status").write_text(f"Name:\tpython\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nNSpid:\t"
+                                                + "\t".join(map(str, ns_pids)) + "\n")
     return str(root)
 
 
@@ -768,3 +772,118 @@ def test_with_gpumem_publish_0_nothing_is_queued_for_cuda_start(hook_devices, mo
     monkeypatch.delenv("GPUMEM_METRICS_PORT", raising=False)
     _autoload.install()
     assert queued == []
+
+
+# ---- whose figures: Note [whose figures] in gpumem.top --------------------------------------------
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making a file another user owns needs root")
+OTHER_UID = 54321  # a user with no name on the machine: shown by its uid
+
+
+def another_users(path) -> None:
+    os.chown(path, OTHER_UID, OTHER_UID)
+
+
+@pytest.fixture
+def planted_dir(tmp_path) -> publish.RunDir:
+    """Another user's run directory, private to them."""
+    where = publish.RunDir(str(tmp_path / "planted"), chosen=True)
+    publish.prepare(where)
+    return where
+
+
+@as_root
+@pytest.mark.parametrize("planted_first", [True, False], ids=["planted-read-first", "planted-read-last"])
+def test_a_file_another_user_plants_for_a_process_is_skipped_and_the_real_one_shown(run_dir, planted_dir,
+                                                                                     planted_first):
+    published(run_dir, reserved=1 * GiB)
+    forged = published(planted_dir, reserved=2 * GiB, limit=4 * GiB)
+    another_users(forged.path)
+    another_users(planted_dir.path)
+    dirs = [planted_dir.path, run_dir.path] if planted_first else [run_dir.path, planted_dir.path]
+    shown = top.collect(FakeNvml(gpu(0, processes={os.getpid(): GiB})), dirs, 0.85)
+    [row] = shown.rows
+    assert row.figures["reserved"] == 1 * GiB and row.figures["limit"] == 2 * GiB
+    [problem] = shown.problems
+    assert problem == (f"'{forged.path}': the file is {OTHER_UID}'s, but it names process {os.getpid()}, which runs "
+                       f"as root: not its figures")
+
+
+@as_root
+def test_a_planted_file_alone_gives_the_process_no_figures(planted_dir):
+    another_users(published(planted_dir, reserved=2 * GiB).path)
+    shown = top.collect(FakeNvml(gpu(0, processes={os.getpid(): GiB})), [planted_dir.path], 0.85)
+    assert [(row.pid, row.figures) for row in shown.rows] == [(os.getpid(), None)]
+
+
+@as_root
+def test_a_process_of_another_user_is_shown_with_its_figures_and_labelled_with_its_user(run_dir):
+    child = subprocess.Popen(["sleep", "600"], user=OTHER_UID, group=OTHER_UID)
+    try:
+        another_users(published(run_dir, reserved=GiB, pid=child.pid).path)
+        nvml = gpu(0, processes={child.pid: GiB, os.getpid(): GiB})
+        rows = {row.pid: row for row in top.collect(FakeNvml(nvml), [run_dir.path], 0.85).rows}
+        assert rows[child.pid].user == str(OTHER_UID) and rows[child.pid].figures["reserved"] == GiB
+        assert rows[os.getpid()].user == "root" and rows[os.getpid()].figures is None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_file_whose_owner_is_not_the_processs_user_is_skipped_naming_both(run_dir, tmp_path):
+    published(run_dir, reserved=GiB, pid=31, start_time=700, pid_namespace="pid:[1]")
+    proc = fake_proc(tmp_path / "proc", {31: (700, [31])}, uid=OTHER_UID)
+    shown = view(run_dir, gpu(0, processes={31: GiB}), proc=proc)
+    assert [(row.pid, row.figures) for row in shown.rows] == [(31, None)]
+    assert shown.problems[0].endswith(f"names process 31, which runs as {OTHER_UID}: not its figures")
+
+
+def test_a_container_processs_file_is_checked_against_its_host_processs_user(run_dir, tmp_path):
+    published(run_dir, reserved=GiB, pid=17, start_time=5000, pid_namespace="pid:[99]")
+    proc = fake_proc(tmp_path / "proc", {4242: (5000, [4242, 17])}, uid=OTHER_UID)
+    shown = view(run_dir, gpu(0, processes={4242: 2 * GiB}), proc=proc)
+    assert [(row.pid, row.figures) for row in shown.rows] == [(4242, None)]
+    assert "names process 4242" in shown.problems[0]
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o733])
+def test_a_run_dir_others_may_write_to_is_skipped_unless_sticky(run_dir, mode):
+    published(run_dir, reserved=GiB)
+    os.chmod(run_dir.path, mode)
+    shown = view(run_dir, gpu(0, processes={os.getpid(): GiB}))
+    assert [row.figures for row in shown.rows] == [None]
+    assert shown.problems == [f"'{run_dir.path}' is writable by other users and not sticky (mode "
+                              f"{stat.filemode(stat.S_IFDIR | mode)}): any of them could remove or replace the "
+                              "files in it; make it sticky (chmod +t), as /tmp is, or private"]
+    os.chmod(run_dir.path, mode | stat.S_ISVTX)
+    assert view(run_dir, gpu(0, processes={os.getpid(): GiB})).rows[0].figures["reserved"] == GiB
+
+
+def test_a_gpumem_run_dir_others_may_write_to_without_the_sticky_bit_is_refused_for_publishing(tmp_path):
+    where = tmp_path / "shared"
+    where.mkdir(mode=0o777)
+    os.chmod(where, 0o777)
+    with pytest.raises(PermissionError, match="is writable by other users and not sticky"):
+        publish.prepare(publish.RunDir(str(where), chosen=True))
+    os.chmod(where, 0o1777)
+    publish.prepare(publish.RunDir(str(where), chosen=True))
+
+
+@pytest.mark.parametrize("namespace", ["here", "elsewhere"])
+def test_a_file_whose_time_is_ahead_of_the_clock_is_skipped(run_dir, tmp_path, namespace):
+    if namespace == "here":
+        publisher, proc = published(run_dir, reserved=GiB), _proc.PROC
+    else:
+        publisher = published(run_dir, reserved=GiB, pid=23, start_time=5000, pid_namespace="pid:[77]")
+        proc = fake_proc(tmp_path / "proc", {})
+    ahead = os.stat(publisher.path).st_mtime + 3600
+    os.utime(publisher.path, (ahead, ahead))
+    shown = view(run_dir, gpu(0, processes={os.getpid(): GiB}), proc=proc, now=ahead - 3600)
+    assert all(row.figures is None for row in shown.rows)
+    assert shown.problems == [f"'{publisher.path}': written 3600 s in the future: no heartbeat can be read from it"]
+    assert os.path.exists(publisher.path)
+
+
+def test_the_uid_of_a_process_is_its_effective_uid():
+    assert _proc.uid_of(os.getpid()) == os.geteuid()
+    assert _proc.uid_of(dead_pid()) is None
