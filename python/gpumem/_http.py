@@ -67,7 +67,9 @@ class Server:
         self._thread.start()
 
     def close(self) -> None:
-        """Stops serving and closes every socket; returns once the thread has ended."""
+        """Stops serving and closes every socket; returns once the thread has ended. Again: nothing."""
+        if self._closing:
+            return
         self._closing = True
         self._waker.send(b"\0")
         if self._thread.is_alive():

@@ -492,3 +492,14 @@ def test_an_address_this_machine_does_not_have_is_one_line_on_stderr_naming_it(f
     assert metrics.serve_for_environment(free_port(), {}, addr="no-such-host.invalid") is None
     [line] = capsys.readouterr().err.splitlines()
     assert "cannot serve metrics on no-such-host.invalid:" in line and "pick another" not in line
+
+
+def test_closing_the_endpoint_ends_its_thread_and_a_second_close_does_nothing(fake_c):
+    threads = threading.active_count()
+    server = gpumem.serve_metrics(0)
+    assert threading.active_count() == threads + 1
+    server.close()
+    server.close()
+    assert threading.active_count() == threads
+    with pytest.raises(OSError):
+        scrape(server.port)
