@@ -337,12 +337,18 @@ TEST_CASE("threads on their own streams end with the statistics of what they sti
 
 namespace {
 
+// How much `run` moves the count `read` gives.
+template <class Read, class Run>
+auto growth_by(Read read, Run run) {
+  const auto before = read();
+  run();
+  return read() - before;
+}
+
 // How many of the calls `run` makes the lanes served.
 template <class Run>
 std::uint64_t served_in_lanes_by(Sim& sim, Run run) {
-  const std::uint64_t before = sim.alloc.served_in_lanes();
-  run();
-  return sim.alloc.served_in_lanes() - before;
+  return growth_by([&] { return sim.alloc.served_in_lanes(); }, run);
 }
 
 // A cached malloc and free of 4 MiB on stream 1: both served in its lane while it is open.
@@ -426,9 +432,7 @@ namespace {
 // Host memory of the block lists: what `run` made the arenas add.
 template <class Run>
 std::size_t blocks_made_by(Sim& sim, Run run) {
-  const std::size_t before = sim.alloc.blocks_made();
-  run();
-  return sim.alloc.blocks_made() - before;
+  return growth_by([&] { return sim.alloc.blocks_made(); }, run);
 }
 
 }  // namespace
