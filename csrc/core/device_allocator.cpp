@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/limit_spec.h"
+#include "core/share_hooks.h"
 #include "core/sizing.h"
 
 namespace gpumem {
@@ -95,6 +96,7 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
   Block* block = try_cached(*r.pool, r);
   if (block) return place(block, size, requested, nullptr);
   measure_outside_locked();
+  if (d_.share) d_.share->before_growth(d_, allocated_locked(), size);
   if (!fits_under(allocated_locked(), size, d_.cap.budget())) throw_oom(requested, size);
   block = memory_for(*r.pool).grow(r);
   if (!block && r.pool == &d_.default_pool) block = try_use_on_oom_pools(r);
@@ -110,6 +112,7 @@ Block* DeviceAllocator::malloc(std::size_t requested, StreamId stream, std::size
     block = try_cached(*r.pool, r);
     if (!block) block = memory_for(*r.pool).grow(r);
   }
+  if (!block && r.device_refused && d_.share && d_.share->retry_after_refusal(d_)) block = memory_for(*r.pool).grow(r);
   if (retried) ++d_.stats.num_alloc_retries;
   if (!block) throw_oom(requested, size, r.device_refused);
   block = place(block, size, requested, nullptr);
@@ -182,6 +185,7 @@ void DeviceAllocator::throw_oom(std::size_t requested, std::size_t size, bool de
   info.device_free = mem.free;
   info.device_total = mem.total;
   info.largest_free_block = largest_free_block_locked();
+  if (d_.share) info.sharing = d_.share->describe();
   if (device_refused) {
     info.kind = OomKind::kDeviceFull;
     ++d_.stats.num_ooms_device_full;

@@ -142,6 +142,10 @@ class DeviceAllocator {
   std::size_t outside() const { return d_.cap.outside(); }
   // What reserved may grow to: the limit, less outside under kProcess. Lock-free, as limit().
   std::size_t budget() const { return d_.cap.budget(); }
+  // Sharing the GPU (core/share_client.h): the hooks, and the ceiling the others' floors leave,
+  // released down to as a lowered limit is. The hooks must outlive the allocator or be unset.
+  void set_share(ShareHooks* share);
+  void set_shared_ceiling(std::size_t bytes);
   OutsideSource outside_source() const { return outside_source_.load(std::memory_order_relaxed); }
   // Counts crossings of `share` of the limit in watch slot `slot` (core/pressure.h); the counts
   // are read without the lock.

@@ -22,6 +22,7 @@
 namespace gpumem {
 
 class DeviceAllocator;
+class ShareHooks;
 
 // Chooses the pool for a request while graphs capture or MemPools are in use.
 using StreamFilter = std::function<bool(StreamId)>;
@@ -59,6 +60,7 @@ struct DeviceState {
   std::vector<PoolTarget> targets;  // most recent last
   std::map<std::uintptr_t, std::unique_ptr<Segment>> segments;  // by address
   std::uint64_t next_serial = 0;
+  ShareHooks* share = nullptr;  // the GPU's sharing (core/share_hooks.h), where this process shares it
   std::size_t reserved_high = 0;  // the most ever reserved by segments and pages (not reset with the statistics)
 
   // A pool target is active: a graph may be capturing, so nothing waits on events, synchronizes or

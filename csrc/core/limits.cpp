@@ -130,6 +130,18 @@ const char* outside_source_name(OutsideSource source) {
   return "none";
 }
 
+void DeviceAllocator::set_share(ShareHooks* share) {
+  const WholeDevice whole(*this);
+  d_.share = share;
+  if (!share) d_.cap.set_ceiling(SIZE_MAX);
+}
+
+void DeviceAllocator::set_shared_ceiling(std::size_t bytes) {
+  const WholeDevice whole(*this);
+  d_.cap.set_ceiling(bytes);
+  give_back_over_limit();  // a neighbour's floor came back: cache first (Note [reserved above a lowered limit])
+}
+
 void DeviceAllocator::watch_pressure(int slot, double share) {
   const WholeDevice whole(*this);
   d_.cap.watch_pressure(slot, share);
