@@ -122,10 +122,14 @@ py::dict device_figures(DeviceAllocator& device) {
                   py::arg("outside_source") = outside_source_name(source));
 }
 
+py::object share_status(CachingAllocator& core, int device);
+
 py::dict figures_of(const CachingAllocator& core, int index) {
   DeviceAllocator* d = core.existing(index);
   if (!d) throw DeviceError("gpumem: device " + std::to_string(index) + " has not been used yet: no figures");
-  return device_figures(*d);
+  py::dict figures = device_figures(*d);
+  figures["sharing"] = share_status(const_cast<CachingAllocator&>(core), index);  // None where it does not share
+  return figures;
 }
 
 // (device, share, crossings, reserved at the last crossing, limit) per watched share per device.

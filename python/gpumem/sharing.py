@@ -121,7 +121,7 @@ def start_for_environment(environ: Mapping[str, str] = os.environ) -> None:
             return
         pairs = floor_assignments(floors) if floors is not None else []
         for index in range(_C.device_count()):
-            spec = next((s for d, s in pairs if d is None or d == index), None)
+            spec = next((s for d, s in pairs if d in (None, -1, index)), None)
             join(index)
             if spec is not None:
                 set_floor(index, floor_bytes(spec, _C.device_total(index), _C.get_limit(index)))
