@@ -211,8 +211,8 @@ std::size_t ShareClient::set_floor(std::size_t bytes) {
     const std::size_t room = std::max(reserved, share_room(total_, unaccounted_.load(std::memory_order_relaxed), others));
     return bytes > room ? bytes - room : 0;
   };
-  if (shortfall() == 0) return 0;
-  ask_others();
+  // The others answer with fresh figures, and their free cache first goes back for the floor.
+  if (bytes > 0) ask_others();
   return shortfall();
 }
 

@@ -85,7 +85,7 @@ class ShareClient final : public ShareHooks {
   void stop();   // joins it; the slot stays until the destructor
 
   // Sets the floor; returns how much of it the device cannot give now (0: honoured), having asked
-  // the others to give back cache for it.
+  // the others (a bounded wait) for fresh figures and to give back their free cache for it.
   std::size_t set_floor(std::size_t bytes);
   std::size_t floor() const { return floor_.load(std::memory_order_relaxed); }
   ShareStatus status();

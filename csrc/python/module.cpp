@@ -151,10 +151,15 @@ SimBackend& with_pages(SimBackend& backend, std::size_t page_size) {
 }
 
 // The core over a simulated device, by address as Python sees it.
+void leave_sharing(CachingAllocator& core);  // below, with the members of shared tables
+
 class SimAllocator {
  public:
   SimAllocator(std::size_t capacity, int devices, std::size_t page_size)
       : backend_(capacity, devices), core_(with_pages(backend_, page_size)) {}
+  ~SimAllocator() { leave_sharing(core_); }  // no responder may outlive its device
+  SimAllocator(const SimAllocator&) = delete;
+  SimAllocator& operator=(const SimAllocator&) = delete;
 
   std::uintptr_t malloc(int device, std::size_t size, StreamId stream) {
     return reinterpret_cast<std::uintptr_t>(core_.raw_alloc(device, size, stream));
@@ -295,6 +300,8 @@ class Sharing {
   std::map<std::pair<const CachingAllocator*, int>, std::unique_ptr<Member>> members_;
 };
 
+void leave_sharing(CachingAllocator& core) { Sharing::get().leave_all(&core); }
+
 ShareClient& member_of(CachingAllocator& core, int device) {
   ShareClient* client = Sharing::get().find(core, device);
   if (!client) throw std::invalid_argument("gpumem: device " + std::to_string(device) + " does not share its GPU: join first");
@@ -420,6 +427,12 @@ void bind_sim_allocator(py::module_& m) {
       .def(py::init<std::size_t, int, std::size_t>(), py::arg("capacity"), py::arg("devices") = 1, py::kw_only(),
            py::arg("page_size") = 0)
       .def("malloc", &SimAllocator::malloc, py::arg("device"), py::arg("size"), py::arg("stream") = 0)
+      .def("share_join", [](SimAllocator& s, int device, const std::string& path) { Sharing::get().join(s.core(), device, path); },
+           py::arg("device"), py::arg("path"), py::call_guard<py::gil_scoped_release>())
+      .def("share_set_floor", [](SimAllocator& s, int device, std::size_t bytes) { return member_of(s.core(), device).set_floor(bytes); },
+           py::arg("device"), py::arg("bytes"), py::call_guard<py::gil_scoped_release>())
+      .def("share_status", [](SimAllocator& s, int device) { return share_status(s.core(), device); }, py::arg("device"))
+      .def("share_leave", [](SimAllocator& s) { leave_sharing(s.core()); }, py::call_guard<py::gil_scoped_release>())
       .def("free", &SimAllocator::free, py::arg("addr"))
       .def("record_stream", &SimAllocator::record_stream, py::arg("addr"), py::arg("stream"))
       .def("set_limit", [](SimAllocator& s, int device, const std::string& spec) { s.device(device).set_limit(std::string_view(spec)); },

@@ -281,10 +281,10 @@ TEST_CASE("sharing: a borrower gives back cache when a floor comes back, keeps i
   for (Block* b : cache) t.alloc.free(b);
   REQUIRE(t.alloc.reserved() == 130 * GiB);
   t.share->follow_now();
-
-  CHECK(s.share->set_floor(20 * GiB) == 0);  // honourable: T's cache can go
   t.share->start();
   s.share->start();
+
+  CHECK(s.share->set_floor(20 * GiB) == 0);  // honourable: T's cache can go
   Block* floor = s.alloc.malloc(20 * GiB, kStream0);  // the device refuses at first; T is asked
   CHECK(floor->allocated);
   CHECK(t.alloc.reserved() <= 120 * GiB);
@@ -303,6 +303,7 @@ TEST_CASE("sharing: a floor others' live tensors hold is reported short, and hon
   for (int i = 0; i < 90; ++i) live.push_back(t.alloc.malloc(1 * GiB, kStream0));
   t.share->follow_now();
   t.share->start();
+  s.share->start();
   CHECK(s.share->set_floor(20 * GiB) == 10 * GiB);
   CHECK(s.share->status().floor_short == 10 * GiB);
   for (int i = 0; i < 15; ++i) t.alloc.free(live[i]);  // 75 GiB live now; the frees give back

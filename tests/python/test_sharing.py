@@ -143,3 +143,67 @@ def test_the_metrics_have_the_sharing_figures_and_the_releases_on_request():
     assert samples["gpumem_requests_made"] == 5
     figures["sharing"] = None
     assert "gpumem_floor_bytes" not in {name for name, _, _ in metrics._device_samples(figures)}
+
+
+# ---- the compiled member, over simulated devices (two allocators, one table) --------------------
+
+
+@pytest.fixture
+def table(tmp_path) -> str:
+    where = tmp_path / "run"
+    where.mkdir(mode=0o700)
+    return str(where / f"share-GPU-{UUID}-uid{os.geteuid()}.table")
+
+
+def sims(count: int, table: str):
+    made = []
+    for _ in range(count):
+        sim = _C.SimAllocator(8 * GiB)
+        sim.set_growable(0, False)
+        sim.share_join(0, table)
+        made.append(sim)
+    return made
+
+
+def test_a_device_that_does_not_share_has_no_sharing_status():
+    assert _C.SimAllocator(8 * GiB).share_status(0) is None
+
+
+def test_members_of_one_table_see_each_other_and_a_floor_lowers_the_others_ceiling(table):
+    a, b = sims(2, table)
+    assert a.share_set_floor(0, 2 * GiB) == 0
+    a.malloc(0, 1 * GiB)
+    with pytest.raises(MemoryError) as raised:
+        b.malloc(0, 7 * GiB)
+    assert "Sharing the GPU" in str(raised.value) and "floor 2.00 GiB" in str(raised.value)
+    status = b.share_status(0)
+    assert [other["floor"] for other in status["others"]] == [2 * GiB]
+    assert status["ceiling"] == 6 * GiB
+    assert status["asks_made"] >= 1
+    b.malloc(0, 6 * GiB)
+    assert b.device_figures(0)["sharing"]["borrowed"] == 6 * GiB
+
+
+def test_a_floor_that_the_device_cannot_give_is_reported_short(table):
+    a, b = sims(2, table)
+    b.malloc(0, 7 * GiB)  # live: of an 8 GiB GPU (by the table), only 1 GiB is left for a
+    assert a.share_set_floor(0, 4 * GiB) == 3 * GiB
+    assert a.share_status(0)["floor_short"] == 3 * GiB
+    a.malloc(0, 4 * GiB)  # a's own simulated device has the room, so it is honoured as it is used
+    assert a.share_status(0)["floor_short"] == 0
+
+
+def test_a_table_in_a_directory_others_can_write_is_refused_with_the_reason(tmp_path):
+    where = tmp_path / "open"
+    where.mkdir()
+    where.chmod(0o777)
+    with pytest.raises(RuntimeError, match="writable by others"):
+        _C.SimAllocator(8 * GiB).share_join(0, str(where / "share.table"))
+
+
+def test_leaving_frees_the_slot(table):
+    a, b = sims(2, table)
+    assert len(a.share_status(0)["others"]) == 1
+    b.share_leave()
+    assert b.share_status(0) is None
+    assert a.share_status(0)["others"] == []
