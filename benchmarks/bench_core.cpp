@@ -204,7 +204,7 @@ Figures measure(SimBackend& backend, Rings<Subject>& rings, const std::vector<co
   for (auto& ring : rings) ring->run(pairs_per_run);  // warm-up: the cache grows to what the sequence needs
   const std::uint64_t calls_before = backend_calls(backend);
   std::uint64_t served_before = 0;
-  for (const DeviceAllocator* a : allocs) served_before += a->served_in_lanes();
+  for (const DeviceAllocator* a : allocs) served_before += a->lane_counts().served;
   std::vector<double> wall, cpu;
   for (int r = 0; r < kRuns; ++r) {
     const RunTime t = timed_run(rings);
@@ -220,7 +220,7 @@ Figures measure(SimBackend& backend, Rings<Subject>& rings, const std::vector<co
   f.aggregate_ns = f.wall_ns / static_cast<double>(rings.size());
   f.backend_share = static_cast<double>(backend_calls(backend) - calls_before) / pairs_all;
   std::uint64_t served = 0;
-  for (const DeviceAllocator* a : allocs) served += a->served_in_lanes();
+  for (const DeviceAllocator* a : allocs) served += a->lane_counts().served;
   f.lane_share = static_cast<double>(served - served_before) / (2 * pairs_all);
   f.cache = cache_state(allocs);
   return f;

@@ -146,7 +146,7 @@ void compare_lanes_with_whole_device(bool growable, bool reset_each_step) {
     lanes_sim.alloc.free(a);
     whole_sim.alloc.free(b);
   }
-  const std::uint64_t whole_served_before = whole_sim.alloc.served_in_lanes();  // the other streams'
+  const std::uint64_t whole_served_before = whole_sim.alloc.lane_counts().served;  // the other streams'
 
   std::mt19937_64 rng(growable ? 7 : 8);
   std::uniform_real_distribution<double> log_size(std::log(512.0), std::log(4.0 * MiB));
@@ -155,11 +155,11 @@ void compare_lanes_with_whole_device(bool growable, bool reset_each_step) {
   std::uint64_t cached_calls = 0, served_cached = 0;
   const auto call = [&](auto&& run) {
     const std::size_t reserved = lanes_sim.alloc.reserved();
-    const std::uint64_t served = lanes_sim.alloc.served_in_lanes();
+    const std::uint64_t served = lanes_sim.alloc.lane_counts().served;
     run();
     if (lanes_sim.alloc.reserved() == reserved) {
       ++cached_calls;
-      served_cached += lanes_sim.alloc.served_in_lanes() - served;
+      served_cached += lanes_sim.alloc.lane_counts().served - served;
     }
   };
   for (int op = 0; op < 6000; ++op) {
@@ -199,7 +199,7 @@ void compare_lanes_with_whole_device(bool growable, bool reset_each_step) {
   INFO("served in lanes: " << served_cached << " of " << cached_calls << " cached calls");
   REQUIRE(cached_calls > 4000);
   REQUIRE(served_cached * 100 >= cached_calls * 95);
-  REQUIRE(whole_sim.alloc.served_in_lanes() == whole_served_before);  // the test streams have no lane there
+  REQUIRE(whole_sim.alloc.lane_counts().served == whole_served_before);  // the test streams have no lane there
   lanes_sim.alloc.check_invariants();
   for (const auto& [a, b] : live) {
     lanes_sim.alloc.free(a);
@@ -348,7 +348,7 @@ auto growth_by(Read read, Run run) {
 // How many of the calls `run` makes the lanes served.
 template <class Run>
 std::uint64_t served_in_lanes_by(Sim& sim, Run run) {
-  return growth_by([&] { return sim.alloc.served_in_lanes(); }, run);
+  return growth_by([&] { return sim.alloc.lane_counts().served; }, run);
 }
 
 // A cached malloc and free of 4 MiB on stream 1: both served in its lane while it is open.
@@ -432,7 +432,7 @@ namespace {
 // Host memory of the block lists: what `run` made the arenas add.
 template <class Run>
 std::size_t blocks_made_by(Sim& sim, Run run) {
-  return growth_by([&] { return sim.alloc.blocks_made(); }, run);
+  return growth_by([&] { return sim.alloc.lane_counts().blocks_made; }, run);
 }
 
 }  // namespace
