@@ -113,7 +113,7 @@ void DeviceAllocator::reset_accumulated_stats() {
 LaneCounts DeviceAllocator::lane_counts() const {
   const WholeDevice whole(core_);
   LaneCounts counts;
-  counts.served = core_.d_.lanes.served();
+  counts.on_device = core_.on_device_;
   core_.d_.lanes.for_each_arena([&](const BlockArena& arena, int) { counts.blocks_made += arena.made(); });
   return counts;
 }

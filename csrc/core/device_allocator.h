@@ -44,12 +44,12 @@ struct SegmentInfo {
   std::vector<BlockInfo> blocks;
 };
 
-// How the lanes served, for tests and benchmarks: the mallocs and frees each stream's cached path
-// served on its own, without the whole device; and every Block the arenas made, spare or in
-// segments, the host memory the block lists hold (flat while the blocks in use are: every Block
-// keeps its home, core/lanes.h).
+// How the lanes served, for tests and benchmarks: the mallocs and frees that took the whole device
+// (every other call was served by its stream's lane alone); and every Block the arenas made, spare
+// or in segments, the host memory the block lists hold (flat while the blocks in use are: every
+// Block keeps its home, core/lanes.h).
 struct LaneCounts {
-  std::uint64_t served = 0;
+  std::uint64_t on_device = 0;
   std::size_t blocks_made = 0;
 };
 

@@ -83,7 +83,6 @@ DeviceCore::~DeviceCore() {
   if (!bins) return nullptr;
   Block* block = FreeBlocks::take_best_fit_in(*bins, size);
   if (!block) return nullptr;
-  ++lane.served;
   const InLane in_lane{bins, lane};
   block = place(block, size, requested, &in_lane);
   debug_check_lane(lane);
@@ -105,6 +104,7 @@ Block* DeviceCore::malloc(std::size_t requested, StreamId stream, std::size_t at
 
 [[gnu::noinline]] Block* DeviceCore::malloc_on_device(std::size_t size, std::size_t requested, StreamId stream) {
   const WholeDevice whole(*this);
+  ++on_device_;
   d_.lanes.add_stream(stream);  // before the stream's first block: its blocks' home is its lane's arena
   // While a graph may be capturing, event queries are illegal; blocks wait until it ends, or
   // until the capture graph shows they may be reused (core/capture_reuse.cpp).
@@ -230,7 +230,6 @@ void DeviceCore::measure_outside() {
   FreeBins* bins = lane_bins(slot, segment.small);
   if (!bins) return false;
   block->allocated = false;
-  ++lane.served;
   const InLane in_lane{bins, lane};
   free_block(block, &in_lane, true);
   debug_check_lane(lane);
@@ -244,6 +243,7 @@ void DeviceCore::free(Block* block) {
 
 [[gnu::noinline]] void DeviceCore::free_on_device(Block* block) {
   const WholeDevice whole(*this);
+  ++on_device_;
   if (!block->allocated) throw std::logic_error("gpumem: block freed twice or never allocated");
   block->allocated = false;
   if (block->stream_uses.empty()) {

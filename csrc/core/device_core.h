@@ -155,6 +155,9 @@ class DeviceCore {
   UncachedMemory uncached_;
   CacheRelease release_;
   ProcessScope scope_;
+  // The mallocs and frees that took the whole device: every other one was served in a lane. Counted
+  // here, on the slow path, so that the lanes' cached path counts nothing (for tests and benchmarks).
+  std::uint64_t on_device_ = 0;
 };
 
 }  // namespace gpumem

@@ -51,7 +51,6 @@ struct alignas(128) Lane {
   bool malloc_open = false;
   bool free_open = false;
   BlockArena arena;
-  std::uint64_t served = 0;  // mallocs and frees its cached path served
 };
 
 // A stream with a lane, its lane, and the default pool's free bins of that stream, found once
@@ -127,12 +126,6 @@ class DeviceLock {
   int lane_index_of(StreamId stream) const {
     const LaneSlot* slot = slot_of(stream);
     return slot ? static_cast<int>(slot->lane - lanes_) : -1;
-  }
-  // Under the whole device: the mallocs and frees the lanes' cached paths served so far.
-  std::uint64_t served() const {
-    std::uint64_t total = 0;
-    for (const Lane& lane : lanes_) total += lane.served;
-    return total;
   }
 
  private:
