@@ -322,10 +322,11 @@ void DeviceAllocator::process_events() {
   for (Block* block : done) free_pending(block);
 }
 
+// Counted whether or not anything is pending: see Note [what num_sync_all_streams counts] (core/release.cpp).
 void DeviceAllocator::synchronize_and_process_events() {
+  ++d_.stats.num_sync_all_streams;
   if (pending_.empty()) return;
   d_.backend.synchronize(d_.device);
-  ++d_.stats.num_sync_all_streams;
   process_events();
 }
 

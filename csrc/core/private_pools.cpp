@@ -139,15 +139,14 @@ bool DeviceAllocator::release_unheld_pools_cache() {
   return released;
 }
 
-// empty_cache of one pool: only if nobody holds it. Its blocks still waiting for other streams are
-// waited for first (outside a capture), so that what the program freed goes back.
+// empty_cache of one pool: only if nobody holds it. Blocks still waiting for other streams are
+// waited for first (outside a capture), so that what the program freed goes back; the wait is
+// counted even when nothing waits, as native counts it (Note [what num_sync_all_streams counts]).
 void DeviceAllocator::empty_pool_cache(PoolId id) {
   auto it = private_pools_.find(id);
   if (it == private_pools_.end() || it->second->use_count > 0) return;
   const Pool* pool = it->second.get();
-  const bool waits = std::any_of(pending_.begin(), pending_.end(),
-                                 [pool](const PendingFree& p) { return p.block->segment->pool == pool; });
-  if (waits && !d_.capturing()) synchronize_and_process_events();
+  if (!d_.capturing()) synchronize_and_process_events();
   if (release_pool_cache(*pool)) ++d_.stats.num_cache_releases;
 }
 
