@@ -301,10 +301,11 @@ void DeviceCore::process_events() {
   for (Block* block : events_.take_done()) free_pending(block);
 }
 
+// Counted whether or not anything is pending: Note [what num_sync_all_streams counts] (core/release.h).
 void DeviceCore::synchronize_and_process_events() {
+  ++d_.stats.num_sync_all_streams;
   if (!events_.waiting()) return;
   d_.backend.synchronize(d_.device);
-  ++d_.stats.num_sync_all_streams;
   process_events();
 }
 
@@ -350,12 +351,13 @@ void DeviceCore::empty_cache(PoolId id) {
   debug_check();
 }
 
-// empty_cache of one pool: only if nobody holds it. Its blocks still waiting for other streams are
-// waited for first (outside a capture), so that what the program freed goes back.
+// empty_cache of one pool: only if nobody holds it. Blocks still waiting for other streams are
+// waited for first (outside a capture), so that what the program freed goes back; the wait is
+// counted even when nothing waits, as native counts it (Note [what num_sync_all_streams counts]).
 void DeviceCore::empty_pool_cache(PoolId id) {
   const Pool* pool = d_.pools.unheld(id);
   if (!pool) return;
-  if (events_.waits_in(pool) && !d_.capturing()) synchronize_and_process_events();
+  if (!d_.capturing()) synchronize_and_process_events();
   if (release_.pool_cache(*pool)) ++d_.stats.num_cache_releases;
 }
 

@@ -206,8 +206,7 @@ std::size_t GrowableSegments::release(std::size_t bytes, ReleaseOrder order) {
   std::vector<Block*> blocks = unmappable_blocks();
   if (blocks.empty()) return 0;
   if (order == ReleaseOrder::kForRequest) std::stable_sort(blocks.begin(), blocks.end(), larger);
-  d_.backend.synchronize(d_.device);
-  ++d_.stats.num_sync_all_streams;
+  d_.backend.synchronize(d_.device);  // not counted: Note [what num_sync_all_streams counts] (core/release.h)
   return unmap_until(blocks, bytes);
 }
 

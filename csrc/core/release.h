@@ -7,6 +7,18 @@
 //   - at empty_cache: everything cached that nobody holds.
 // What goes, and how, is each source's (core/plain_segments.cpp, core/growable_segments.cpp). Every
 // release that gives anything back counts one num_cache_releases.
+//
+// Note [what num_sync_all_streams counts]
+// As native counts it (its synchronize_and_free_events): one per pass that waits for every
+// stream's pending frees before everything cached goes, whether or not anything was pending and
+// whatever the segments are: each empty_cache of the default pool outside a capture, each
+// empty_cache of an unheld pool's id, and the release of everything before an OOM. A program
+// that checks "one empty_cache, one sync" (PyTorch's test_memory_stats does) sees the same figure
+// under gpumem. One difference: a request whose live blocks and size exceed the limit is refused
+// at once (no release could serve it), so nothing is released or counted; native counts its
+// release of everything there too. The device synchronizations that unmapping growable pages
+// needs (on any release: empty_cache, a lowered limit, the release threshold, a request) are not
+// counted, as native does not count those of its expandable segments.
 #pragma once
 
 #include <cstddef>

@@ -11,11 +11,6 @@ StreamEvents::~StreamEvents() {
   for (const PendingFree& p : pending_) quietly([&] { backend_.destroy_event(device_, p.event); });
 }
 
-bool StreamEvents::waits_in(const Pool* pool) const {
-  return std::any_of(pending_.begin(), pending_.end(),
-                     [pool](const PendingFree& p) { return p.block->segment->pool == pool; });
-}
-
 void StreamEvents::wait_for(Block* block) {
   block->pending_events = static_cast<int>(block->stream_uses.size());
   for (StreamId s : block->stream_uses) pending_.push_back({block, backend_.record_event(device_, s)});

@@ -25,8 +25,6 @@ class StreamEvents {
 
   bool waiting() const { return !pending_.empty(); }   // an event is queued
   bool deferring() const { return !deferred_.empty(); }  // a block is held for a capture
-  // Whether a block of `pool` waits for an event.
-  bool waits_in(const Pool* pool) const;
 
   // Outside a capture: one event on each stream that used `block`, which waits for all of them.
   void wait_for(Block* block);
