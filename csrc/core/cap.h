@@ -16,6 +16,7 @@
 // default scope it stays 0.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -98,11 +99,15 @@ class Cap {
   std::size_t limit() const { return limit_.load(std::memory_order_relaxed); }
   std::size_t reserved() const { return reserved_.load(std::memory_order_relaxed); }
   std::size_t outside() const { return outside_.load(std::memory_order_relaxed); }
-  // What reserved may grow to: the limit less what is outside, 0 if that is more than the limit.
-  std::size_t budget() const {
+  // What reserved may grow to under the hard cap: the limit less what is outside, 0 if that is more.
+  std::size_t hard_budget() const {
     const std::size_t limit = this->limit(), out = outside();
     return out < limit ? limit - out : 0;
   }
+  // What reserved may grow to: the hard budget, or less where sharing the GPU leaves less.
+  std::size_t budget() const { return std::min(hard_budget(), ceiling_.load(std::memory_order_relaxed)); }
+  // What the other processes sharing the GPU leave this one (core/share_policy.h); SIZE_MAX: no sharing.
+  void set_ceiling(std::size_t bytes) { ceiling_.store(bytes, std::memory_order_relaxed); }
   // Reserved and outside, as the limit measures them (saturating: both are at most 2^64 - 1).
   std::size_t counted() const {
     const std::size_t r = reserved(), out = outside();
@@ -116,6 +121,7 @@ class Cap {
   std::atomic<std::size_t> limit_;
   std::atomic<std::size_t> reserved_{0};
   std::atomic<std::size_t> outside_{0};
+  std::atomic<std::size_t> ceiling_{SIZE_MAX};
   PressureWatches pressure_;
 };
 

@@ -60,6 +60,18 @@ LimitScope DeviceAllocator::scope() const {
   return core_.scope_.scope();
 }
 
+void DeviceAllocator::set_share(ShareHooks* share) {
+  const WholeDevice whole(core_);
+  core_.d_.share = share;
+  if (!share) core_.d_.cap.set_ceiling(SIZE_MAX);
+}
+
+void DeviceAllocator::set_shared_ceiling(std::size_t bytes) {
+  const WholeDevice whole(core_);
+  core_.d_.cap.set_ceiling(bytes);
+  core_.release_.over_limit();  // a neighbour's floor came back: cache first, as after a lowered limit
+}
+
 void DeviceAllocator::watch_pressure(int slot, double share) {
   const WholeDevice whole(core_);
   core_.d_.cap.watch_pressure(slot, share);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/limit_spec.h"
+#include "core/share_hooks.h"
 #include "core/sizing.h"
 
 namespace gpumem {
@@ -119,6 +120,7 @@ Block* DeviceCore::malloc(std::size_t requested, StreamId stream, std::size_t at
   Block* block = try_cached(*r.pool, r);
   if (block) return place(block, size, requested, nullptr);
   measure_outside();
+  if (d_.share) d_.share->before_growth(d_, allocated(), size);
   if (!fits_under(allocated(), size, d_.cap.budget())) throw_oom(requested, size);
   block = sources_.serving(*r.pool).grow(r);
   if (!block && r.pool == &d_.default_pool) block = d_.pools.take_for_oom(r.small, r.stream, r.size);
@@ -134,6 +136,7 @@ Block* DeviceCore::malloc(std::size_t requested, StreamId stream, std::size_t at
     block = try_cached(*r.pool, r);
     if (!block) block = sources_.serving(*r.pool).grow(r);
   }
+  if (!block && r.device_refused && d_.share && d_.share->retry_after_refusal(d_)) block = sources_.serving(*r.pool).grow(r);
   if (retried) ++d_.stats.num_alloc_retries;
   if (!block) throw_oom(requested, size, r.device_refused);
   block = place(block, size, requested, nullptr);
@@ -199,6 +202,7 @@ void DeviceCore::throw_oom(std::size_t requested, std::size_t size, bool device_
   info.device_free = mem.free;
   info.device_total = mem.total;
   info.largest_free_block = largest_free_block();
+  if (d_.share) info.sharing = d_.share->describe();
   if (device_refused) {
     info.kind = OomKind::kDeviceFull;
     ++d_.stats.num_ooms_device_full;

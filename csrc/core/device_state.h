@@ -25,6 +25,7 @@
 namespace gpumem {
 
 class DeviceAllocator;
+class ShareHooks;
 
 // One malloc as the fallback chain carries it: the pool it goes to, its pool class, its stream,
 // the bytes its block must hold, and whether the device refused new memory for it (which makes
@@ -54,6 +55,7 @@ struct DeviceState {
   PrivatePools pools;
   std::map<std::uintptr_t, std::unique_ptr<Segment>> segments;  // by address
   std::uint64_t next_serial = 0;
+  ShareHooks* share = nullptr;  // the GPU's sharing (core/share_hooks.h), where this process shares it
   std::size_t reserved_high = 0;  // the most ever reserved by segments and pages (not reset with the statistics)
 
   // A pool target is active: a graph may be capturing, so nothing waits on events, synchronizes or

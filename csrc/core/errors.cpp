@@ -141,7 +141,7 @@ std::string oom_message(const OomInfo& i) {
                                 " is held outside PyTorch's allocator (the CUDA context, libraries)"
                           : std::string()) +
          "; the largest free cached block is " + native_size(i.largest_free_block) + ". " +
-         advice(i.kind);
+         advice(i.kind) + i.sharing;
 }
 
 }  // namespace

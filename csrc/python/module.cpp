@@ -7,6 +7,8 @@
 //     is_installed() touch no CUDA; device_count() starts the driver; the rest need a device;
 //   - SimAllocator: the same core over a simulated device, for tests and trace replay (no GPU);
 //     with page_size > 0 the device maps pages, and growable segments are in use by default;
+//   - sharing a GPU with other processes (share_join, share_set_floor, share_status, share_leave_all),
+//     on both: joins the table at a path the package chose (docs/design.md);
 //   - what monitoring reads, on both (existing_devices, device_figures, watch_pressure,
 //     pressure_crossings): nothing of it counts the devices, makes an allocator or starts CUDA.
 // Errors: LimitSpecError and DeviceError -> ValueError; gpumem's OutOfMemoryError ->
@@ -14,6 +16,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -23,6 +28,7 @@
 #include "core/sizing.h"
 #include "core/limit_spec.h"
 #include "core/pressure.h"
+#include "core/share_client.h"
 #include "torch/install.h"
 #include "torch/startup.h"
 
@@ -116,10 +122,14 @@ py::dict device_figures(DeviceAllocator& device) {
                   py::arg("outside_source") = outside_source_name(source));
 }
 
+py::object share_status(CachingAllocator& core, int device);
+
 py::dict figures_of(const CachingAllocator& core, int index) {
   DeviceAllocator* d = core.existing(index);
   if (!d) throw DeviceError("gpumem: device " + std::to_string(index) + " has not been used yet: no figures");
-  return device_figures(*d);
+  py::dict figures = device_figures(*d);
+  figures["sharing"] = share_status(const_cast<CachingAllocator&>(core), index);  // None where it does not share
+  return figures;
 }
 
 // (device, share, crossings, reserved at the last crossing, limit) per watched share per device.
@@ -141,10 +151,15 @@ SimBackend& with_pages(SimBackend& backend, std::size_t page_size) {
 }
 
 // The core over a simulated device, by address as Python sees it.
+void leave_sharing(CachingAllocator& core);  // below, with the members of shared tables
+
 class SimAllocator {
  public:
   SimAllocator(std::size_t capacity, int devices, std::size_t page_size)
       : backend_(capacity, devices), core_(with_pages(backend_, page_size)) {}
+  ~SimAllocator() { leave_sharing(core_); }  // no responder may outlive its device
+  SimAllocator(const SimAllocator&) = delete;
+  SimAllocator& operator=(const SimAllocator&) = delete;
 
   std::uintptr_t malloc(int device, std::size_t size, StreamId stream) {
     return reinterpret_cast<std::uintptr_t>(core_.raw_alloc(device, size, stream));
@@ -238,6 +253,94 @@ void bind_limits(py::module_& m) {
         "ValueError naming GPUMEM_LIMIT if it does not fit them.");
 }
 
+// The members of shared GPUs' tables, by allocator and device: made by share_join, gone at
+// share_leave_all (the package's atexit), never in a static destructor (CUDA may be gone by then).
+class Sharing {
+ public:
+  static Sharing& get() {
+    static Sharing* sharing = new Sharing;  // never destroyed: see above
+    return *sharing;
+  }
+  void join(CachingAllocator& core, int device, const std::string& path) {
+    const std::lock_guard<std::mutex> guard(mutex_);
+    if (members_.count({&core, device})) return;
+    DeviceAllocator& alloc = core.device(device);
+    auto member = std::make_unique<Member>(alloc);
+    member->client = std::make_unique<ShareClient>(std::make_unique<ShareTable>(path), member->host, alloc.device_total());
+    member->client->start();
+    alloc.set_share(member->client.get());
+    members_[{&core, device}] = std::move(member);
+  }
+  ShareClient* find(CachingAllocator& core, int device) {
+    const std::lock_guard<std::mutex> guard(mutex_);
+    auto it = members_.find({&core, device});
+    return it == members_.end() ? nullptr : it->second->client.get();
+  }
+  void leave_all(CachingAllocator* only = nullptr) {
+    const std::lock_guard<std::mutex> guard(mutex_);
+    for (auto it = members_.begin(); it != members_.end();) {
+      if (only && it->first.first != only) {
+        ++it;
+        continue;
+      }
+      it->second->alloc.set_share(nullptr);
+      it->second->client.reset();  // stops the responder, frees the slot
+      it = members_.erase(it);
+    }
+  }
+
+ private:
+  struct Member {
+    explicit Member(DeviceAllocator& a) : alloc(a), host(a) {}
+    DeviceAllocator& alloc;
+    DeviceHost host;
+    std::unique_ptr<ShareClient> client;
+  };
+  std::mutex mutex_;
+  std::map<std::pair<const CachingAllocator*, int>, std::unique_ptr<Member>> members_;
+};
+
+void leave_sharing(CachingAllocator& core) { Sharing::get().leave_all(&core); }
+
+ShareClient& member_of(CachingAllocator& core, int device) {
+  ShareClient* client = Sharing::get().find(core, device);
+  if (!client) throw std::invalid_argument("gpumem: device " + std::to_string(device) + " does not share its GPU: join first");
+  return *client;
+}
+
+py::object share_status(CachingAllocator& core, int device) {
+  ShareClient* client = Sharing::get().find(core, device);
+  if (!client) return py::none();
+  const ShareStatus s = client->status();
+  py::list others;
+  for (const ShareMemberView& o : s.others) {
+    others.append(py::dict(py::arg("pid") = o.pid, py::arg("floor") = o.floor, py::arg("reserved") = o.reserved,
+                           py::arg("in_use") = o.in_use));
+  }
+  return py::dict(py::arg("table") = client->table().path(), py::arg("floor") = s.floor,
+                  py::arg("ceiling") = s.ceiling == SIZE_MAX ? py::object(py::none()) : py::int_(s.ceiling),
+                  py::arg("borrowed") = s.borrowed, py::arg("floor_short") = s.floor_short,
+                  py::arg("asks_made") = s.asks_made, py::arg("asks_served") = s.asks_served,
+                  py::arg("given_back") = s.given_back, py::arg("others") = others);
+}
+
+template <class Module, class Core>
+void bind_sharing(Module& m, Core core) {
+  using Release = py::call_guard<py::gil_scoped_release>;
+  m.def("share_join", [core](int device, const std::string& path) { Sharing::get().join(core(), device, path); },
+        py::arg("device"), py::arg("path"), Release(),
+        "Joins the shared table at `path` for `device` (once; again does nothing). RuntimeError saying why a table "
+        "cannot be trusted or opened.");
+  m.def("share_set_floor", [core](int device, std::size_t bytes) { return member_of(core(), device).set_floor(bytes); },
+        py::arg("device"), py::arg("bytes"), Release(),
+        "Sets the device's floor; returns how much of it cannot be honoured now (0: all of it).");
+  m.def("share_status", [core](int device) { return share_status(core(), device); }, py::arg("device"),
+        "The device's sharing figures (floor, ceiling, borrowed, floor_short, asks_made, asks_served, given_back, "
+        "others), or None where it does not share.");
+  m.def("share_leave_all", [core] { Sharing::get().leave_all(&core()); }, Release(),
+        "Leaves every table: stops the responders and frees the slots.");
+}
+
 void bind_process_allocator(py::module_& m) {
   using Release = py::call_guard<py::gil_scoped_release>;
   auto core = []() -> CachingAllocator& { return process_allocator().core(); };
@@ -314,6 +417,7 @@ void bind_process_allocator(py::module_& m) {
         "Counts crossings of `share` of the limit on every device, those used later too.");
   m.def("pressure_crossings", [core] { return pressure_list(core()); },
         "(device, share, crossings, reserved at the last crossing, limit) per watched share, per device in use.");
+  bind_sharing(m, core);
 }
 
 void bind_sim_allocator(py::module_& m) {
@@ -323,6 +427,12 @@ void bind_sim_allocator(py::module_& m) {
       .def(py::init<std::size_t, int, std::size_t>(), py::arg("capacity"), py::arg("devices") = 1, py::kw_only(),
            py::arg("page_size") = 0)
       .def("malloc", &SimAllocator::malloc, py::arg("device"), py::arg("size"), py::arg("stream") = 0)
+      .def("share_join", [](SimAllocator& s, int device, const std::string& path) { Sharing::get().join(s.core(), device, path); },
+           py::arg("device"), py::arg("path"), py::call_guard<py::gil_scoped_release>())
+      .def("share_set_floor", [](SimAllocator& s, int device, std::size_t bytes) { return member_of(s.core(), device).set_floor(bytes); },
+           py::arg("device"), py::arg("bytes"), py::call_guard<py::gil_scoped_release>())
+      .def("share_status", [](SimAllocator& s, int device) { return share_status(s.core(), device); }, py::arg("device"))
+      .def("share_leave", [](SimAllocator& s) { leave_sharing(s.core()); }, py::call_guard<py::gil_scoped_release>())
       .def("free", &SimAllocator::free, py::arg("addr"))
       .def("record_stream", &SimAllocator::record_stream, py::arg("addr"), py::arg("stream"))
       .def("set_limit", [](SimAllocator& s, int device, const std::string& spec) { s.device(device).set_limit(std::string_view(spec)); },

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from gpumem import _C, _devices, _env, _limits, _monitoring, _scope, _segments, _torch_hooks
+from gpumem import _C, _devices, _env, _limits, _monitoring, _scope, _segments, _torch_hooks, sharing
 from gpumem._devices import Device
 from gpumem._limits import Limit
 from gpumem._words import shown
@@ -34,7 +34,7 @@ _TORCH_ALLOCATOR_IN_USE = (
 )
 
 
-def set_limit(limit: Limit, device: Device = None, scope: Optional[str] = None) -> None:
+def set_limit(limit: Limit, device: Device = None, scope: Optional[str] = None, floor: Limit = None) -> None:
     """Caps the CUDA memory PyTorch may reserve: on every visible device, or on `device`.
 
     `limit` is a spec ("4GB", "512 MiB", "50%", "0.5", "none"), an int byte count, a float
@@ -46,9 +46,17 @@ def set_limit(limit: Limit, device: Device = None, scope: Optional[str] = None) 
     PyTorch's CUDA allocator (GPUMEM_LIMIT applies first, then this limit). A bad value, or a
     value that does not fit one of the devices, raises and changes nothing; the errors are the
     module's (see its docstring).
+
+    `floor` (in the same forms, or None for none) is memory the other gpumem processes on the same
+    GPU leave for this one: the process joins the GPU's table (docs/usage.md, "Sharing a GPU"),
+    and a floor the device cannot give now is reported at once with a RuntimeWarning and honoured
+    as the others free memory. A floor above the limit raises ValueError.
     """
     spec = _limits.spec_of(limit)
     _limits.check_syntax(spec)
+    floor_spec = None if floor is None else _limits.spec_of(floor)
+    if floor_spec is not None and floor_spec.strip().lower() not in sharing.NO_FLOOR:
+        _limits.check_syntax(floor_spec)
     scope = None if scope is None else _scope.scope(scope)
     with _lock:
         _refuse_if_torch_allocator_in_use()
@@ -58,6 +66,11 @@ def set_limit(limit: Limit, device: Device = None, scope: Optional[str] = None) 
         if scope is not None:  # after the limits: the scope releases down to the new limit, not the old
             for index in limits:
                 _C.set_scope(index, scope)
+    if floor_spec is not None:
+        floors = {index: sharing.floor_bytes(floor_spec, _devices.total(index), _C.get_limit(index)) for index in limits}
+        for index, nbytes in floors.items():
+            sharing.join(index)
+            sharing.set_floor(index, nbytes)
 
 
 def get_scope(device: Device = None) -> str:
@@ -174,6 +187,8 @@ def _enable_locked() -> None:
     if view is not None:
         _torch_hooks.set_view(view)
     _monitoring.start(warn_at, metrics_port, publish_dir, metrics_addr)
+    if _env.sharing_asked():
+        _monitoring.when_cuda_starts(sharing.start_for_environment)
 
 
 def _refuse_if_torch_allocator_in_use() -> None:

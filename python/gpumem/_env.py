@@ -9,6 +9,8 @@
     GPUMEM_METRICS_ADDR  ... at this address (default 127.0.0.1: this machine only)
     GPUMEM_PUBLISH   "0": no figures published for `gpumem top` (default "1"; gpumem.publish)
     GPUMEM_RUN_DIR   where they are published, and read (default /tmp/gpumem-<uid>)
+    GPUMEM_SHARE     "on": share the GPU with other gpumem processes (gpumem.sharing)
+    GPUMEM_FLOOR     a floor that they leave this process: "20GB", or per device "0:20GB,1:8GB"
 
 Installing touches no CUDA: the syntax is checked then (`limit_text`), and what depends on the
 devices (a percentage, a device number, a size above a device's memory) when the devices are first
@@ -19,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional, Sequence
 
-from gpumem import _C, _limits, _scope, _segments, _torch_hooks, metrics, pressure, publish
+from gpumem import _C, _limits, _scope, _segments, _torch_hooks, metrics, pressure, publish, sharing
 from gpumem._words import bounded, not_utf8, shown
 
 VARIABLE = "GPUMEM_LIMIT"
@@ -119,6 +121,32 @@ def run_dir(environ: Mapping[str, str] = os.environ) -> publish.RunDir:
     return publish.default_run_dir() if path is None else publish.RunDir(path, chosen=True)
 
 
+def share(environ: Mapping[str, str] = os.environ) -> Optional[bool]:
+    """GPUMEM_SHARE's choice; None when unset. A bad value raises as segments() does."""
+    return _setting(environ, sharing.SHARE_VARIABLE, sharing.share_of_text, sharing.SHARE_FORMS)
+
+
+def floor(environ: Mapping[str, str] = os.environ) -> Optional[list]:
+    """GPUMEM_FLOOR's (device or None, spec) pairs, their syntax checked; None when unset. A bad
+    value raises SettingError naming the variable, its value and the accepted forms."""
+    text = environ.get(sharing.FLOOR_VARIABLE)
+    if text is None:
+        return None
+    problem = not_utf8(text)
+    if problem is not None:
+        raise SettingError(sharing.FLOOR_VARIABLE, text, f"{problem}. Accepted forms: {sharing.floor_forms()}")
+    try:
+        return sharing.floor_assignments(text)
+    except ValueError as error:
+        reason = str(error).split(": ", 2)[-1]
+        raise SettingError(sharing.FLOOR_VARIABLE, text, reason) from None
+
+
+def sharing_asked(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the process joins its GPUs' tables at the first CUDA use."""
+    return bool(share(environ)) or floor(environ) is not None
+
+
 def _publish_of_text(text: str) -> bool:
     if text.strip() not in ("0", "1"):
         raise ValueError(text)
@@ -156,4 +184,6 @@ SETTINGS = (
     (METRICS_PORT_VARIABLE, metrics_port),
     (METRICS_ADDR_VARIABLE, metrics_addr),
     (PUBLISH_VARIABLE, publish_dir),
+    (sharing.SHARE_VARIABLE, share),
+    (sharing.FLOOR_VARIABLE, floor),
 )

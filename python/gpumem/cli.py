@@ -268,6 +268,9 @@ def _info(args) -> int:
         free, total = _C.mem_info(d)
         under = f"; {_env.VARIABLE} sets {limits[d]}" if limits and d in limits else ""
         print(f"device {d}: {_device_name(d)}, {_sizes.format_bytes(total)} total, {_sizes.format_bytes(free)} free{under}")
+        floor = _floor_line(d, total)
+        if floor:
+            print(floor)
     if count:
         print(report.collect())
     return EXIT_USAGE if limits is None or not all(settings_ok) else 0
@@ -289,6 +292,23 @@ def _print_env_limit(count: int) -> Optional[dict[int, str]]:
     named = {device for device, _ in _C.parse_limit_assignments(text)}
     return {d: "no limit" if nbytes is None else _sizes.format_bytes(nbytes)
             for d, nbytes in enumerate(limits or []) if -1 in named or d in named}
+
+
+def _floor_line(device: int, total: int) -> str:
+    """`gpumem info`'s line for GPUMEM_FLOOR on one device: the floor it sets, "" where it sets
+    none or is invalid (reported with the settings)."""
+    from gpumem import sharing
+    try:
+        pairs = _env.floor()
+        if not pairs:
+            return ""
+        spec = next((s for d, s in pairs if d in (-1, device)), None)
+        if spec is None:
+            return ""
+        nbytes = sharing.floor_bytes(spec, total, total)
+    except ValueError:
+        return ""
+    return f"  floor: {_sizes.format_bytes(nbytes)} ({sharing.FLOOR_VARIABLE}), left by the other gpumem processes on this GPU"
 
 
 def _print_env_setting(variable: str, read: Callable[[], object]) -> bool:

@@ -74,6 +74,16 @@ METRICS = (
     ("gpumem_cache_releases", "counter", "Times cached memory was given back to the device.", None),
     ("gpumem_pressure_crossings", "counter",
      "Times reserved passed a watched share of the limit (gpumem.on_pressure, GPUMEM_WARN_AT).", "share"),
+    ("gpumem_floor_bytes", "gauge",
+     "Sharing the GPU (GPUMEM_FLOOR, GPUMEM_SHARE): the floor the other gpumem processes leave this one.", None),
+    ("gpumem_borrowed_bytes", "gauge", "Sharing the GPU: reserved above the floor (lent by the others).", None),
+    ("gpumem_floor_short_bytes", "gauge",
+     "Sharing the GPU: how much of the floor the device cannot give now (others' live tensors hold it).", None),
+    ("gpumem_given_back_bytes", "counter", "Sharing the GPU: bytes of free cache released because another asked.",
+     None),
+    ("gpumem_releases_on_request", "counter", "Sharing the GPU: other processes' requests this one answered.", None),
+    ("gpumem_requests_made", "counter",
+     "Sharing the GPU: times this process asked the others for their free cache.", None),
 )
 
 
@@ -154,6 +164,14 @@ def _device_samples(figures: dict):
         yield "gpumem_ooms", stats[stat], (case,)
     yield "gpumem_alloc_retries", stats["num_alloc_retries"], ()
     yield "gpumem_cache_releases", stats["num_cache_releases"], ()
+    sharing = figures.get("sharing")
+    if sharing:
+        yield "gpumem_floor_bytes", sharing["floor"], ()
+        yield "gpumem_borrowed_bytes", sharing["borrowed"], ()
+        yield "gpumem_floor_short_bytes", sharing["floor_short"], ()
+        yield "gpumem_given_back_bytes", sharing["given_back"], ()
+        yield "gpumem_releases_on_request", sharing["asks_served"], ()
+        yield "gpumem_requests_made", sharing["asks_made"], ()
 
 
 class MetricsServer:

@@ -75,6 +75,9 @@ STATS = {  # the figures a file holds per device, besides the limit -> the stati
     "reserved": "reserved_bytes.all.current",
     "reserved_peak": "reserved_bytes.all.peak",
 }
+# Sharing a GPU (gpumem.sharing): the floor, reserved above it, bytes given back on request, and
+# the requests answered; 0 where the process does not share. As _C.share_status computes them.
+SHARING = ("floor", "borrowed", "given_back", "asks_served")
 _NAME = re.compile(r"([0-9]{1,10})\.json")
 _TEMPORARY = re.compile(r"\.[0-9]{1,10}\.json\..*\.tmp")
 _DEFAULT_DIR = re.compile(r"gpumem-([0-9]{1,10})")
@@ -151,6 +154,10 @@ def device_figures(source, fixed: Callable[[int], dict]) -> list[dict]:
         figures["ooms"] = {case: stats[key] for case, key in metrics.OOM_CASES.items()}
         figures["scope"] = source.get_scope(device)
         figures["outside"] = source.outside(device)  # 0 under the allocator scope
+        share_status = getattr(source, "share_status", None)
+        sharing = share_status(device) if share_status is not None else None
+        figures.update({name: sharing[name] if sharing else 0 for name in SHARING})
+        figures["sharing"] = sharing is not None
         devices.append(figures)
     return devices
 
@@ -425,6 +432,11 @@ def _checked_device(data: object) -> dict:
         raise ValueError(f"scope is not {_scope.FORMS}")
     checked["scope"] = scope
     checked["outside"] = _count(data.get("outside", 0), "outside")
+    checked.update({name: _count(data.get(name, 0), name) for name in SHARING})
+    sharing = data.get("sharing", False)
+    if not isinstance(sharing, bool):
+        raise ValueError("sharing is not true or false")
+    checked["sharing"] = sharing
     return checked
 
 

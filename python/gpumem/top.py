@@ -249,10 +249,19 @@ _COLUMNS = ("", "GPU", "PID", "USER", "JOB", "USED", "LIMIT", "ALLOCATED", "RESE
 _RIGHT = {1, 2, 5, 6, 7, 8, 9, 10, 11}  # numbers, right-aligned
 
 
+# Shown only where some process shares its GPU (gpumem.sharing): its floor, what it borrows above
+# it, and what it gave back when others asked.
+_SHARING_COLUMNS = ("FLOOR", "BORROWED", "GAVE BACK")
+
+
 def table(view: View) -> str:
     lines = [_gpu_line(gpu) for gpu in view.gpus] or ["NVML lists no GPU"]
     lines.append("")
-    if view.rows:
+    if view.rows and any(row.figures is not None and row.figures.get("sharing") for row in view.rows):
+        heading = (*_COLUMNS[:-1], *_SHARING_COLUMNS, _COLUMNS[-1])
+        right = frozenset(_RIGHT | {len(_COLUMNS) - 1 + i for i in range(len(_SHARING_COLUMNS))})
+        lines += _aligned([heading, *(_with_sharing(row) for row in view.rows)], right)
+    elif view.rows:
         lines += _aligned([_COLUMNS, *(_cells(row) for row in view.rows)])
     else:
         lines.append("no process uses a GPU")
@@ -281,6 +290,16 @@ def _cells(row: Row) -> tuple[str, ...]:
     return (*identity, "none" if _no_limit(f) else _size(f["limit"]), _size(f["allocated"]), _size(f["reserved"]),
             _size(f["reserved_peak"]), str(sum(f["ooms"].values())),
             "-" if row.share is None else f"{row.share:.0%}", _note(row))
+
+
+def _with_sharing(row: Row) -> tuple[str, ...]:
+    cells = _cells(row)
+    f = row.figures
+    if f is None or not f.get("sharing"):
+        extra = ("-",) * len(_SHARING_COLUMNS)
+    else:
+        extra = (_size(f["floor"]), _size(f["borrowed"]), _size(f["given_back"]))
+    return (*cells[:-1], *extra, cells[-1])
 
 
 def _no_limit(figures: dict) -> bool:
@@ -318,9 +337,9 @@ def _footnotes(view: View) -> list[str]:
     return [""] + notes if notes else []
 
 
-def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
+def _aligned(rows: list[tuple[str, ...]], right: frozenset = frozenset(_RIGHT)) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.rjust(width) if i in _RIGHT else cell.ljust(width)
+    return ["  ".join(cell.rjust(width) if i in right else cell.ljust(width)
                       for i, (cell, width) in enumerate(zip(row, widths))).rstrip() for row in rows]
 
 
@@ -372,4 +391,6 @@ def _figures_document(row: Row) -> dict:
             "allocated_bytes": f["allocated"], "allocated_peak_bytes": f["allocated_peak"],
             "reserved_bytes": f["reserved"], "reserved_peak_bytes": f["reserved_peak"], "ooms": dict(f["ooms"]),
             "scope": f["scope"], "outside_bytes": f["outside"],
+            "sharing": bool(f.get("sharing")), "floor_bytes": f.get("floor", 0), "borrowed_bytes": f.get("borrowed", 0),
+            "given_back_bytes": f.get("given_back", 0), "releases_on_request": f.get("asks_served", 0),
             "share_of_limit": row.share, "past_warn_at": row.past}

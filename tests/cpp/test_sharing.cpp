@@ -1,0 +1,444 @@
+// Sharing one GPU between processes (core/share_*.h): the policy's arithmetic, the table's trust
+// checks and stale slots, and the protocol on a simulated GPU shared by several allocators of
+// this process or by forked processes (shared_sim.h).
+#include <catch2/catch.hpp>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <fcntl.h>
+#include <memory>
+#include <random>
+#include <string>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+#include "core/share_client.h"
+#include "core/share_policy.h"
+#include "core/share_table.h"
+#include "helpers.h"
+#include "shared_sim.h"
+
+namespace gpumem_test {
+namespace {
+
+// A private directory of this user for one test's tables, removed with the test.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char name[] = "/tmp/gpumem-share-test-XXXXXX";
+    REQUIRE(::mkdtemp(name) != nullptr);
+    path = name;
+  }
+  ~TempDir() { std::system(("rm -rf " + path).c_str()); }
+  std::string table() const { return path + "/share-GPU-test-uid" + std::to_string(::geteuid()) + ".table"; }
+};
+
+// One member of a shared simulated GPU, as a process would hold it: its view of the device, its
+// allocator, and its table handle with the responder.
+struct Member {
+  SharedSim backend;
+  DeviceAllocator alloc;
+  DeviceHost host;
+  std::unique_ptr<ShareClient> share;
+
+  Member(SharedDevice& device, const std::string& table, std::optional<std::size_t> limit = std::nullopt,
+         std::uint32_t pid = 0)
+      : backend(device), alloc(backend, 0, config_of(limit)), host(alloc) {
+    ShareOptions options;
+    options.ask_wait = std::chrono::milliseconds(20000);  // ends at the answers: a bound, not a pace
+    options.poll = std::chrono::milliseconds(5);
+    share = std::make_unique<ShareClient>(std::make_unique<ShareTable>(table), host, device.capacity, options, pid);
+    alloc.set_share(share.get());
+  }
+  ~Member() {
+    share->stop();
+    alloc.set_share(nullptr);
+  }
+  static AllocatorConfig config_of(std::optional<std::size_t> limit) {
+    AllocatorConfig c;
+    c.limit = limit;
+    c.growable = false;
+    return c;
+  }
+};
+
+std::size_t allocated(const DeviceAllocator& a) {
+  return static_cast<std::size_t>(a.stats().allocated_bytes[kAll].current);
+}
+
+// ---- the policy ----
+
+TEST_CASE("sharing policy: a member claims its floor, or its live tensors above it, never its cache") {
+  CHECK(claim_of({20 * GiB, 2 * GiB, 2 * GiB}) == 20 * GiB);
+  CHECK(claim_of({20 * GiB, 50 * GiB, 30 * GiB}) == 30 * GiB);
+  CHECK(claim_of({0, 100 * GiB, 0}) == 0);
+  CHECK(unreserved_floor({20 * GiB, 2 * GiB, 2 * GiB}) == 18 * GiB);
+  CHECK(borrowed(50 * GiB, 20 * GiB) == 30 * GiB);
+  CHECK(borrowed(5 * GiB, 20 * GiB) == 0);
+}
+
+TEST_CASE("sharing policy: the ceiling is the device less what it holds outside the members and the others' claims") {
+  ShareTally others;
+  others.add({20 * GiB, 2 * GiB, 2 * GiB});  // a service below its floor
+  others.add({0, 100 * GiB, 10 * GiB});      // a hoarder: 90 GiB of cache
+  const std::size_t total = 140 * GiB;
+  // 1 GiB of contexts: used = 1 + my 5 + 2 + 100.
+  const std::size_t outside = unaccounted(total, total - 108 * GiB, 5 * GiB, others);
+  CHECK(outside == 1 * GiB);
+  CHECK(share_ceiling(total, outside, others) == (140 - 1 - 20 - 10) * GiB);
+}
+
+TEST_CASE("sharing policy: with no floor left to reserve the device alone decides") {
+  ShareTally others;
+  others.add({20 * GiB, 25 * GiB, 25 * GiB});  // above its floor: borrowing
+  others.add({0, 100 * GiB, 100 * GiB});
+  CHECK(share_ceiling(140 * GiB, 10 * GiB, others) == SIZE_MAX);
+}
+
+TEST_CASE("sharing policy: figures from a hostile table saturate instead of wrapping") {
+  ShareTally others;
+  others.add({SIZE_MAX, SIZE_MAX, SIZE_MAX});
+  others.add({SIZE_MAX, 1, 1});
+  CHECK(others.claims == SIZE_MAX);
+  CHECK(share_ceiling(140 * GiB, 0, others) == 0);
+  CHECK(share_room(140 * GiB, SIZE_MAX, {}) == 0);
+  CHECK(unaccounted(140 * GiB, 200 * GiB, 0, {}) == 0);
+}
+
+// ---- the table ----
+
+TEST_CASE("sharing table: a directory or file others could write, or another user's, is not trusted") {
+  struct stat info {};
+  info.st_mode = S_IFREG | 0600;
+  info.st_uid = 1000;
+  CHECK(share_file_problem(info, 1000).empty());
+  CHECK(share_file_problem(info, 1001).find("belongs to uid 1000") != std::string::npos);
+  info.st_mode = S_IFREG | 0644;
+  CHECK(share_file_problem(info, 1000).find("mode 0644") != std::string::npos);
+  info.st_mode = S_IFLNK | 0600;
+  CHECK(share_file_problem(info, 1000).find("not a regular file") != std::string::npos);
+  info.st_mode = S_IFDIR | 0777;
+  CHECK(share_dir_problem(info, 1000).find("writable by others") != std::string::npos);
+  info.st_mode = S_IFDIR | 0700;
+  CHECK(share_dir_problem(info, 1000).empty());
+}
+
+TEST_CASE("sharing table: a table file of another user is never opened") {
+  TempDir dir;
+  const std::string path = dir.table();
+  { ShareTable made(path); }
+  if (::geteuid() != 0) {
+    WARN("not root: cannot give a file to another uid; the check itself is covered above");
+    return;
+  }
+  REQUIRE(::chown(path.c_str(), 4242, 4242) == 0);
+  REQUIRE_THROWS_WITH(ShareTable(path), Catch::Contains("belongs to uid 4242"));
+}
+
+TEST_CASE("sharing table: a link, a table others can read, or a world-writable directory is refused") {
+  TempDir dir;
+  const std::string path = dir.table();
+  { ShareTable made(path); }
+  REQUIRE(::chmod(path.c_str(), 0644) == 0);
+  CHECK_THROWS_WITH(ShareTable(path), Catch::Contains("mode 0644"));
+  REQUIRE(::chmod(path.c_str(), 0600) == 0);
+  const std::string link = dir.path + "/link.table";
+  REQUIRE(::symlink(path.c_str(), link.c_str()) == 0);
+  CHECK_THROWS_WITH(ShareTable(link), Catch::Contains("cannot open"));
+  REQUIRE(::chmod(dir.path.c_str(), 0777) == 0);
+  CHECK_THROWS_WITH(ShareTable(path), Catch::Contains("writable by others"));
+}
+
+TEST_CASE("sharing table: a file of another size or kind is refused, not read") {
+  TempDir dir;
+  const std::string path = dir.table();
+  const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY, 0600);
+  REQUIRE(fd >= 0);
+  REQUIRE(::write(fd, "not a table", 11) == 11);
+  ::close(fd);
+  CHECK_THROWS_WITH(ShareTable(path), Catch::Contains("remove it"));
+}
+
+TEST_CASE("sharing table: the slot and floor of a process that died are dropped") {
+  TempDir dir;
+  ShareTable table(dir.table());
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ShareTable mine(dir.table());
+    const auto me = static_cast<std::uint32_t>(::getpid());
+    const std::uint32_t slot = mine.claim(me, process_start_time(me), ::geteuid());
+    mine.slot(slot).floor.store(30 * GiB);
+    ::_exit(0);  // as a kill would: the slot is never released
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  int live = 0;
+  table.for_each_live(ShareTable::kSlots, [&](std::uint32_t, ShareSlot&) { ++live; });
+  CHECK(live == 0);
+  for (std::uint32_t i = 0; i < ShareTable::kSlots; ++i) CHECK(table.slot(i).floor.load() == 0);
+}
+
+TEST_CASE("sharing table: a pid that now names another process (another start time) is stale") {
+  TempDir dir;
+  ShareTable table(dir.table());
+  const auto me = static_cast<std::uint32_t>(::getpid());
+  const std::uint32_t slot = table.claim(me, process_start_time(me) + 1, ::geteuid());
+  REQUIRE(slot < ShareTable::kSlots);
+  int live = 0;
+  table.for_each_live(ShareTable::kSlots, [&](std::uint32_t, ShareSlot&) { ++live; });
+  CHECK(live == 0);
+  CHECK(table.slot(slot).pid.load() == 0);
+}
+
+TEST_CASE("sharing table: a full table says so instead of sharing a slot") {
+  TempDir dir;
+  auto table = std::make_unique<ShareTable>(dir.table());
+  const auto me = static_cast<std::uint32_t>(::getpid());
+  for (std::uint32_t i = 0; i < ShareTable::kSlots; ++i) REQUIRE(table->claim(me, 0, ::geteuid()) == i);
+  SharedDevice& device = SharedDevice::make(8 * GiB);
+  SharedSim backend(device);
+  DeviceAllocator alloc(backend, 0, Member::config_of(std::nullopt));
+  DeviceHost host(alloc);
+  CHECK_THROWS_WITH(ShareClient(std::make_unique<ShareTable>(dir.table()), host, device.capacity),
+                    Catch::Contains("no free slot"));
+}
+
+// ---- the protocol, allocators of one process ----
+
+TEST_CASE("sharing: a hoarder's free cache goes back when the device refuses another member") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(140 * GiB);
+  Member a(device, dir.table()), b(device, dir.table());
+  a.share->start();
+  b.share->start();
+  Block* kept = a.alloc.malloc(1 * GiB, kStream0);
+  a.alloc.free(a.alloc.malloc(100 * GiB, kStream0));
+  REQUIRE(a.alloc.reserved() == 101 * GiB);
+
+  Block* big = b.alloc.malloc(60 * GiB, kStream0);
+  CHECK(big->size >= 60 * GiB);
+  CHECK(a.alloc.reserved() == 1 * GiB);  // its cache went, its live tensor stayed
+  CHECK(kept->allocated);
+  CHECK(a.share->status().given_back == 100 * GiB);
+  CHECK(a.share->status().asks_served >= 1);
+  CHECK(b.share->status().asks_made >= 1);
+  Block* again = a.alloc.malloc(10 * GiB, kStream0);  // and it goes on allocating
+  CHECK(again->allocated);
+  a.alloc.check_invariants();
+  b.alloc.check_invariants();
+  CHECK(device.peak.load() <= device.capacity);
+}
+
+TEST_CASE("sharing: a device refusal with nobody to ask fails as before, and names the sharing") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(8 * GiB);
+  Member alone(device, dir.table());
+  device.take(6 * GiB);  // a native process
+  const Oom oom = oom_from([&] { alone.alloc.malloc(4 * GiB, kStream0); });
+  CHECK(oom.info.kind == OomKind::kDeviceFull);
+  CHECK_THAT(oom.message, Catch::Contains("no other gpumem process"));
+  CHECK_THAT(oom.message, Catch::Contains("could not be asked"));
+}
+
+TEST_CASE("sharing: the others stop short of a floor not yet used, and its owner gets it") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(140 * GiB);
+  Member s(device, dir.table()), t(device, dir.table());
+  s.share->start();
+  t.share->start();
+  CHECK(s.share->set_floor(20 * GiB) == 0);
+  Block* used = s.alloc.malloc(2 * GiB, kStream0);
+  s.share->follow_now();  // its figures published now, not at the responder's next round
+  std::size_t grown = 0;
+  const Oom oom = oom_from([&] {
+    for (;;) {
+      t.alloc.malloc(1 * GiB, kStream0);
+      grown += GiB;
+    }
+  });
+  CHECK(oom.info.kind == OomKind::kOverLimit);  // the ceiling, not the device, refused
+  CHECK(t.alloc.reserved() == 120 * GiB);       // 140 less S's floor
+  CHECK(grown == 120 * GiB);
+  CHECK_THAT(oom.message, Catch::Contains("floor 20.00 GiB"));
+  Block* rest = s.alloc.malloc(18 * GiB, kStream0);  // up to its floor
+  CHECK(rest->allocated);
+  CHECK(used->allocated);
+  CHECK(device.in_use.load() == 140 * GiB);
+}
+
+TEST_CASE("sharing: a borrower gives back cache when a floor comes back, keeps its tensors, and stops growing") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(140 * GiB);
+  Member t(device, dir.table()), s(device, dir.table());
+  std::vector<Block*> live;
+  for (int i = 0; i < 100; ++i) live.push_back(t.alloc.malloc(1 * GiB, kStream0));
+  std::vector<Block*> cache;
+  for (int i = 0; i < 30; ++i) cache.push_back(t.alloc.malloc(1 * GiB, kStream0));
+  for (Block* b : cache) t.alloc.free(b);
+  REQUIRE(t.alloc.reserved() == 130 * GiB);
+  t.share->follow_now();
+  t.share->start();
+  s.share->start();
+
+  CHECK(s.share->set_floor(20 * GiB) == 0);  // honourable: T's cache can go
+  Block* floor = s.alloc.malloc(20 * GiB, kStream0);  // the device refuses at first; T is asked
+  CHECK(floor->allocated);
+  CHECK(t.alloc.reserved() <= 120 * GiB);
+  CHECK(allocated(t.alloc) == 100 * GiB);
+  for (Block* b : live) CHECK(b->allocated);
+  CHECK_THROWS_AS(t.alloc.malloc(21 * GiB, kStream0), OutOfMemoryError);
+  CHECK(t.alloc.reserved() <= 120 * GiB);
+  t.alloc.check_invariants();
+}
+
+TEST_CASE("sharing: a floor others' live tensors hold is reported short, and honoured as they free") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(100 * GiB);
+  Member t(device, dir.table()), s(device, dir.table());
+  std::vector<Block*> live;
+  for (int i = 0; i < 90; ++i) live.push_back(t.alloc.malloc(1 * GiB, kStream0));
+  t.share->follow_now();
+  t.share->start();
+  s.share->start();
+  CHECK(s.share->set_floor(20 * GiB) == 10 * GiB);
+  CHECK(s.share->status().floor_short == 10 * GiB);
+  for (int i = 0; i < 15; ++i) t.alloc.free(live[i]);  // 75 GiB live now; the frees give back
+  Block* got = s.alloc.malloc(20 * GiB, kStream0);
+  CHECK(got->allocated);
+  CHECK(s.share->status().floor_short == 0);
+  CHECK_THROWS_AS(t.alloc.malloc(10 * GiB, kStream0), OutOfMemoryError);  // 75 + 20 + 10 > 100
+}
+
+TEST_CASE("sharing: the hard cap stays exact and the members never hold more than the device") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(64 * GiB);
+  Member a(device, dir.table(), 40 * GiB), b(device, dir.table(), 40 * GiB);
+  a.share->start();
+  b.share->start();
+  CHECK(a.share->set_floor(8 * GiB) == 0);
+  std::mt19937 rng(29);
+  std::vector<Block*> held[2];
+  Member* members[2] = {&a, &b};
+  for (int step = 0; step < 400; ++step) {
+    const int who = static_cast<int>(rng() % 2);
+    Member& m = *members[who];
+    if (!held[who].empty() && rng() % 3 == 0) {
+      const std::size_t i = rng() % held[who].size();
+      m.alloc.free(held[who][i]);
+      held[who].erase(held[who].begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      try {
+        held[who].push_back(m.alloc.malloc((1 + rng() % 2048) * MiB, kStream0));
+      } catch (const OutOfMemoryError&) {
+      }
+    }
+    CHECK(m.alloc.reserved() <= 40 * GiB);
+    CHECK(m.backend.ledger(0).peak <= 40 * GiB);
+  }
+  CHECK(device.peak.load() <= device.capacity);
+  a.alloc.check_invariants();
+  b.alloc.check_invariants();
+}
+
+// ---- the protocol, forked processes ----
+
+// A pipe to say one byte and to wait for it.
+struct Pipe {
+  int fd[2];
+  Pipe() { REQUIRE(::pipe(fd) == 0); }
+  void say(char c) const { (void)!::write(fd[1], &c, 1); }
+  char hear() const {
+    char c = 0;
+    while (::read(fd[0], &c, 1) < 0 && errno == EINTR) {}
+    return c;
+  }
+};
+
+TEST_CASE("sharing across processes: another process's cache goes back for this one's request") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(140 * GiB);
+  Pipe ready, go, done;
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    char ok = 'n';
+    try {
+      Member a(device, dir.table());
+      a.share->start();
+      Block* kept = a.alloc.malloc(1 * GiB, kStream0);
+      a.alloc.free(a.alloc.malloc(100 * GiB, kStream0));
+      ready.say('r');
+      go.hear();
+      Block* more = a.alloc.malloc(10 * GiB, kStream0);
+      ok = kept->allocated && more->allocated && a.alloc.reserved() == 11 * GiB && a.share->status().given_back == 100 * GiB
+               ? 'y'
+               : 'n';
+    } catch (...) {
+    }
+    done.say(ok);
+    ::_exit(0);
+  }
+  ready.hear();
+  {
+    Member b(device, dir.table());
+    b.share->start();
+    Block* big = b.alloc.malloc(60 * GiB, kStream0);
+    CHECK(big->allocated);
+    go.say('g');
+    CHECK(done.hear() == 'y');
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  CHECK(device.peak.load() <= device.capacity);
+}
+
+TEST_CASE("sharing across processes: a process killed while it is asked blocks nobody, and its floor goes") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(140 * GiB);
+  Pipe ready;
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    Member a(device, dir.table());  // no responder: it never answers
+    a.share->set_floor(10 * GiB);
+    a.alloc.free(a.alloc.malloc(100 * GiB, kStream0));
+    ready.say('r');
+    ::pause();
+    ::_exit(0);
+  }
+  ready.hear();
+  Member b(device, dir.table());
+  // The killer: once the child has been asked, it dies, and the driver frees what it held.
+  std::thread killer([&] {
+    for (;;) {
+      bool asked = false;
+      b.share->table().for_each_live(ShareTable::kSlots, [&](std::uint32_t, ShareSlot& s) {
+        if (s.pid.load() == static_cast<std::uint32_t>(child) && s.asks.load() != s.served.load()) asked = true;
+      });
+      if (asked) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    device.give(100 * GiB);  // the driver frees a dead process's memory as it dies
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+  });
+  Block* big = nullptr;
+  try {
+    big = b.alloc.malloc(60 * GiB, kStream0);
+  } catch (const OutOfMemoryError&) {
+  }
+  killer.join();
+  REQUIRE(big != nullptr);
+  CHECK(big->allocated);
+  CHECK(b.share->status().others.empty());
+  Block* all = b.alloc.malloc(79 * GiB, kStream0);  // the dead floor no longer holds 10 GiB back
+  CHECK(all->allocated);
+}
+
+}  // namespace
+}  // namespace gpumem_test
