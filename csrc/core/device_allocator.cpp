@@ -55,9 +55,9 @@ void DeviceAllocator::set_scope(LimitScope scope) {
   core_.set_scope(scope);
 }
 
-LimitScope DeviceAllocator::scope() const {
+DeviceSettings DeviceAllocator::settings() const {
   const WholeDevice whole(core_);
-  return core_.scope_.scope();
+  return {core_.scope_.scope(), core_.release_.threshold(), core_.sources_.growable.in_effect()};
 }
 
 void DeviceAllocator::set_share(ShareHooks* share) {
@@ -83,21 +83,11 @@ void DeviceAllocator::set_release_threshold(double share) {
   core_.release_.set_threshold(share);
 }
 
-double DeviceAllocator::release_threshold() const {
-  const WholeDevice whole(core_);
-  return core_.release_.threshold();
-}
-
 // ---- how memory is made ----
 
 void DeviceAllocator::set_growable(bool on) {
   const WholeDevice whole(core_);
   core_.sources_.growable.set_on(on);
-}
-
-bool DeviceAllocator::growable() const {
-  const WholeDevice whole(core_);
-  return core_.sources_.growable.in_effect();
 }
 
 void DeviceAllocator::set_capture_reuse(bool on) {

@@ -58,6 +58,12 @@ struct LaneCounts {
 // may serve a default-pool request that could not get new memory.
 enum class PoolOption { kNoSplit, kUseOnOom };
 
+struct DeviceSettings {
+  LimitScope scope = LimitScope::kAllocator;
+  double release_threshold = 0.0;
+  bool growable = false;
+};
+
 class DeviceAllocator {
  public:
   DeviceAllocator(Backend& backend, int device, const AllocatorConfig& config)
@@ -100,7 +106,6 @@ class DeviceAllocator {
   // allocator at once if the device holds memory, and releases cached memory down to the budget
   // it leaves. Setting the scope in effect changes nothing.
   void set_scope(LimitScope scope);
-  LimitScope scope() const;
   // Where the figure of the memory outside the allocator came from (lock-free).
   OutsideSource outside_source() const { return core_.scope_.source(); }
   // Counts crossings of `share` of the limit in watch slot `slot` (core/pressure.h).
@@ -110,19 +115,21 @@ class DeviceAllocator {
   void set_share(ShareHooks* share);
   void set_shared_ceiling(std::size_t bytes);
   void set_release_threshold(double share);
-  double release_threshold() const;
 
   // ---- how memory is made ----
   // Whether new memory of the default pool comes from growable segments. Asking for them where the
   // backend cannot map pages keeps plain segments; memory already reserved stays as it is.
   void set_growable(bool on);
-  bool growable() const;  // in effect: asked for and supported
   // The backend's page size for growable segments; 0 where it cannot map pages.
   std::size_t page_size() const { return core_.sources_.growable.page_size(); }
   // Whether a block freed during a capture while other streams used it may be reused before the
   // capture ends, once the capture graph shows those streams' work joined the block's stream
   // (torch's graph_capture_record_stream_reuse). Off by default, as in torch.
   void set_capture_reuse(bool on);
+
+  // What is set: the limit's scope, the release threshold, and whether growable segments are in
+  // effect (asked for and supported).
+  DeviceSettings settings() const;
 
   // ---- statistics and views ----
   DeviceStats stats() const;

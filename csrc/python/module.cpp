@@ -108,7 +108,7 @@ py::dict device_figures(DeviceAllocator& device) {
     limit = device.limit();
     outside = device.cap().outside();
     source = device.outside_source();
-    scope = device.scope();
+    scope = device.settings().scope;
     stats = device.stats();
     // Asking the driver makes a CUDA context on a device that has none (one set_limit configured
     // but the program never used): only a device that holds memory, and so has one, is asked.
@@ -360,7 +360,7 @@ void bind_process_allocator(py::module_& m) {
   m.def("get_limit", [core](int device) { return core().device(device).limit(); }, py::arg("device"));
   m.def("set_scope", [core](int device, const std::string& scope) { core().device(device).set_scope(scope_of(scope)); },
         py::arg("device"), py::arg("scope"), Release());
-  m.def("get_scope", [core](int device) { return limit_scope_name(core().device(device).scope()); },
+  m.def("get_scope", [core](int device) { return limit_scope_name(core().device(device).settings().scope); },
         py::arg("device"));
   m.def("outside", [core](int device) { return core().device(device).cap().outside(); }, py::arg("device"),
         "Under a limit on the whole process: its memory on the device outside gpumem, as last measured.");
@@ -368,11 +368,11 @@ void bind_process_allocator(py::module_& m) {
         py::arg("device"), "Where outside() was measured from: \"process accounting\", \"device at first use\" or \"none\".");
   m.def("set_release_threshold", [core](int device, double share) { core().device(device).set_release_threshold(share); },
         py::arg("device"), py::arg("share"));
-  m.def("get_release_threshold", [core](int device) { return core().device(device).release_threshold(); },
+  m.def("get_release_threshold", [core](int device) { return core().device(device).settings().release_threshold; },
         py::arg("device"));
   m.def("set_growable", [core](int device, bool on) { core().device(device).set_growable(on); },
         py::arg("device"), py::arg("on"), "Growable segments for new memory, or plain ones.");
-  m.def("get_growable", [core](int device) { return core().device(device).growable(); }, py::arg("device"),
+  m.def("get_growable", [core](int device) { return core().device(device).settings().growable; }, py::arg("device"),
         "Whether growable segments are in effect: asked for, and the device can map pages.");
   m.def("growable_supported", [core](int device) { return core().device(device).page_size() > 0; },
         py::arg("device"), "Whether the device can map pages (CUDA virtual memory management).");
@@ -443,7 +443,7 @@ void bind_sim_allocator(py::module_& m) {
       .def("set_scope", [](SimAllocator& s, int device, const std::string& scope) {
         s.device(device).set_scope(scope_of(scope));
       }, py::arg("device"), py::arg("scope"))
-      .def("get_scope", [](SimAllocator& s, int device) { return limit_scope_name(s.device(device).scope()); },
+      .def("get_scope", [](SimAllocator& s, int device) { return limit_scope_name(s.device(device).settings().scope); },
            py::arg("device"))
       .def("outside", [](SimAllocator& s, int device) { return s.device(device).cap().outside(); }, py::arg("device"))
       .def("outside_source", [](SimAllocator& s, int device) {
@@ -458,7 +458,7 @@ void bind_sim_allocator(py::module_& m) {
       .def("reserved", [](SimAllocator& s, int device) { return s.device(device).reserved(); }, py::arg("device"))
       .def("set_growable", [](SimAllocator& s, int device, bool on) { s.device(device).set_growable(on); },
            py::arg("device"), py::arg("on"))
-      .def("growable", [](SimAllocator& s, int device) { return s.device(device).growable(); }, py::arg("device"))
+      .def("growable", [](SimAllocator& s, int device) { return s.device(device).settings().growable; }, py::arg("device"))
       .def("stats", [](SimAllocator& s, int device) { return stats_dict(stats_of(s.core(), device)); }, py::arg("device"))
       .def("empty_cache", [](SimAllocator& s, int device) { s.device(device).empty_cache(); }, py::arg("device"))
       .def("reset_peak_stats", [](SimAllocator& s, int device) { s.device(device).reset_peak_stats(); }, py::arg("device"))

@@ -495,7 +495,7 @@ TEST_CASE("setting a release threshold applies it at once", "[cap]") {
   REQUIRE(sim.ledger().in_use == 100 * MiB);
 
   sim.alloc.set_release_threshold(0.7);
-  REQUIRE(sim.alloc.release_threshold() == 0.7);
+  REQUIRE(sim.alloc.settings().release_threshold == 0.7);
   REQUIRE(sim.ledger().in_use == 60 * MiB);
   REQUIRE_FALSE(sim.has_segment_at(first));
   REQUIRE_FALSE(sim.has_segment_at(second));
@@ -530,7 +530,7 @@ TEST_CASE("a bad release threshold is rejected and the threshold unchanged", "[c
   REQUIRE_THROWS_AS(sim.alloc.set_release_threshold(std::nan("")), LimitSpecError);
   REQUIRE_THROWS_AS(sim.alloc.set_release_threshold(std::numeric_limits<double>::infinity()), LimitSpecError);
   REQUIRE_THROWS_WITH(sim.alloc.set_release_threshold(1.5), Catch::Contains("release threshold"));
-  REQUIRE(sim.alloc.release_threshold() == 0.5);
+  REQUIRE(sim.alloc.settings().release_threshold == 0.5);
 }
 
 TEST_CASE("a configured bad release threshold is rejected", "[cap]") {

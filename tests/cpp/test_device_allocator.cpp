@@ -574,7 +574,7 @@ TEST_CASE("configure before first use sets the device's limit", "[caching_alloca
   CachingAllocator ca(backend);
   ca.configure(1, config_with(64 * MiB, 0.5));
   REQUIRE(ca.device(1).limit() == 64 * MiB);
-  REQUIRE(ca.device(1).release_threshold() == 0.5);
+  REQUIRE(ca.device(1).settings().release_threshold == 0.5);
   REQUIRE(ca.device(0).limit() == kDeviceBytes);
   REQUIRE_THROWS_AS(ca.malloc(1, 65 * MiB, kStream0), OutOfMemoryError);
 }

@@ -23,7 +23,7 @@ std::size_t snapshot_bytes(const std::vector<SegmentInfo>& segments) {
 
 TEST_CASE("growable segments are used by default where the backend maps pages", "[growable]") {
   VmSim sim;
-  REQUIRE(sim.alloc.growable());
+  REQUIRE(sim.alloc.settings().growable);
   REQUIRE(sim.alloc.page_size() == kPage);
   Block* a = sim.malloc(5 * MiB);
   REQUIRE(a->segment->growable);
@@ -35,7 +35,7 @@ TEST_CASE("growable segments are used by default where the backend maps pages", 
 
 TEST_CASE("a backend without virtual memory keeps plain segments although growable ones are asked for", "[growable]") {
   Sim sim;  // the simulated device without virtual memory
-  REQUIRE_FALSE(sim.alloc.growable());
+  REQUIRE_FALSE(sim.alloc.settings().growable);
   REQUIRE(sim.alloc.page_size() == 0);
   Block* a = sim.malloc(5 * MiB);
   REQUIRE_FALSE(a->segment->growable);
@@ -55,7 +55,7 @@ TEST_CASE("turning growable segments off takes effect for new memory only", "[gr
   VmSim sim;
   Block* a = sim.malloc(5 * MiB);
   sim.alloc.set_growable(false);
-  REQUIRE_FALSE(sim.alloc.growable());
+  REQUIRE_FALSE(sim.alloc.settings().growable);
   Block* b = sim.malloc(30 * MiB);
   REQUIRE(a->segment->growable);
   REQUIRE_FALSE(b->segment->growable);

@@ -173,7 +173,7 @@ TEST_CASE("mapping pages of a growable segment past the share counts a crossing"
   Block* a = alloc.malloc(40 * MiB, kStream0);
   REQUIRE(crossings(alloc) == 0);
   Block* b = alloc.malloc(20 * MiB, kStream0);
-  REQUIRE(alloc.growable());
+  REQUIRE(alloc.settings().growable);
   REQUIRE(crossings(alloc) == 1);
   alloc.free(a);
   alloc.free(b);

@@ -119,7 +119,7 @@ TEST_CASE("the process scope waits for the first growth to measure, and the allo
   SimBackend backend(kDeviceBytes);
   backend.set_use_outside(0, 1 * GiB);
   DeviceAllocator alloc(backend, 0, config);
-  REQUIRE(alloc.scope() == LimitScope::kProcess);
+  REQUIRE(alloc.settings().scope == LimitScope::kProcess);
   REQUIRE(alloc.outside_source() == OutsideSource::kNone);  // made without asking the device
   Block* b = alloc.malloc(10 * MiB, kStream0);
   REQUIRE(alloc.cap().outside() == 1 * GiB);

@@ -348,12 +348,12 @@ class PropertyRun {
   // Every operation that adds a segment or leaves one unused applies the release threshold, so
   // after any operation reserved is under it or nothing cached is left to give back.
   void expect_threshold_applied() {
-    if (alloc_.release_threshold() == 0.0 || alloc_.reserved() <= threshold_target()) return;
+    if (alloc_.settings().release_threshold == 0.0 || alloc_.reserved() <= threshold_target()) return;
     expect(!any_releasable(), "reserved stays above the release threshold with unused segments or free pages cached");
   }
 
   std::size_t threshold_target() const {
-    return static_cast<std::size_t>(alloc_.release_threshold() * static_cast<double>(alloc_.limit()));
+    return static_cast<std::size_t>(alloc_.settings().release_threshold * static_cast<double>(alloc_.limit()));
   }
 
   // Cached memory the allocator could give back: an unused plain segment, or a free block of a

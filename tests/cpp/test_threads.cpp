@@ -294,7 +294,7 @@ void run_four_threads_on_one_device(std::size_t page) {
   backend.auto_complete_after(kEventQueries);
   if (page > 0) backend.enable_virtual_memory(page);
   DeviceAllocator alloc(backend, 0, {kTightLimit, 0.0});
-  REQUIRE(alloc.growable() == (page > 0));
+  REQUIRE(alloc.settings().growable == (page > 0));
   const Target target = device_target(alloc);
   std::vector<ThreadLog> logs(kThreads);
 

@@ -136,10 +136,10 @@ TEST_CASE("torch's expandable_segments picks the segments; GPUMEM_SEGMENTS overr
   torch.growable = false;
   SimAdapter plain(8 * GiB, 1, 2 * MiB);
   start(plain, {}, torch);
-  REQUIRE_FALSE(plain.core_device(0).growable());
+  REQUIRE_FALSE(plain.core_device(0).settings().growable);
   SimAdapter growable(8 * GiB, 1, 2 * MiB);
   start(growable, {std::nullopt, true, std::nullopt}, torch);
-  REQUIRE(growable.core_device(0).growable());
+  REQUIRE(growable.core_device(0).settings().growable);
 }
 
 TEST_CASE("torch's garbage_collection_threshold becomes the release threshold", "[torch][startup]") {
@@ -147,7 +147,7 @@ TEST_CASE("torch's garbage_collection_threshold becomes the release threshold", 
   TorchSettings torch;
   torch.release_threshold = 0.6;
   start(sim, {std::string("2GB"), std::nullopt, std::nullopt}, torch);
-  REQUIRE(sim.core_device(0).release_threshold() == 0.6);
+  REQUIRE(sim.core_device(0).settings().release_threshold == 0.6);
 }
 
 TEST_CASE("a limit set after the setup wins over it", "[torch][startup]") {
@@ -194,9 +194,9 @@ TEST_CASE("settings changed at run time reach the devices, except what gpumem's 
     TorchSettingsScope scope("expandable_segments:False,garbage_collection_threshold:0.5");
     apply_changed_torch_settings(sim.adapter.core(), "expandable_segments:False,garbage_collection_threshold:0.5",
                                  false, true);
-    REQUIRE_FALSE(sim.core_device(0).growable());
-    REQUIRE_FALSE(sim.core_device(1).growable());
-    REQUIRE(sim.core_device(0).release_threshold() == 0.0);  // set_release_threshold was called: it stays
+    REQUIRE_FALSE(sim.core_device(0).settings().growable);
+    REQUIRE_FALSE(sim.core_device(1).settings().growable);
+    REQUIRE(sim.core_device(0).settings().release_threshold == 0.0);  // set_release_threshold was called: it stays
   }
 }
 
@@ -207,6 +207,6 @@ TEST_CASE("settings changed before the setup wait for it", "[torch][startup][set
   apply_changed_torch_settings(sim.adapter.core(), "expandable_segments:False", false, false);
   REQUIRE(sim.adapter.core().setup_pending());
   sim.adapter.core().defer_setup(startup_setup(sim.adapter, {}));  // the real setup, which reads torch's settings
-  REQUIRE_FALSE(sim.core_device(0).growable());
+  REQUIRE_FALSE(sim.core_device(0).settings().growable);
 }
 #endif
