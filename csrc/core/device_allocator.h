@@ -160,6 +160,7 @@ class DeviceAllocator {
   bool growable() const;                       // in effect: asked for and supported
   bool growable_supported() const { return growable_.supported(); }
   std::size_t page_size() const { return growable_.page_size(); }
+  std::uint64_t growable_blocks_visited() const { return growable_.blocks_visited(); }  // for tests
 
   DeviceStats stats() const;
   // How many mallocs and frees each stream's cached path served on its own (core/lanes.h), without

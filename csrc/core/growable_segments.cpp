@@ -192,6 +192,7 @@ std::vector<Block*> GrowableSegments::unmappable_blocks() const {
   std::vector<Block*> blocks;
   for (const Segment* s : growable) {
     for (Block* b = s->head; b; b = b->next) {
+      ++blocks_visited_;
       if (holds_free_page(b)) blocks.push_back(b);
     }
   }

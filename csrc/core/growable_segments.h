@@ -39,6 +39,9 @@ class GrowableSegments final : public MemorySource {
   void drop_empty() override;
   bool frees_memory(const Block& merged) const override { return holds_free_page(&merged); }
   void drop(const Segment& segment) noexcept override;
+  // Blocks the unmapping walks have looked at, ever: what a release or a growth past the high mark
+  // costs, for tests.
+  std::uint64_t blocks_visited() const { return blocks_visited_; }
 
  private:
   struct Growth {
@@ -61,6 +64,7 @@ class GrowableSegments final : public MemorySource {
   PlainSegments& plain_;
   std::size_t page_size_ = 0;
   bool on_;  // asked for (in effect only if page_size_ > 0)
+  mutable std::uint64_t blocks_visited_ = 0;
 };
 
 }  // namespace gpumem
