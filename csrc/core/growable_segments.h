@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/largest_first.h"
 #include "core/memory_source.h"
 #include "core/plain_segments.h"
 
@@ -57,6 +58,8 @@ class GrowableSegments final : public MemorySource {
   bool holds_free_page(const Block* block) const;
   std::vector<Block*> unmappable_blocks() const;
   std::size_t unmap_stream_pages(StreamId stream, std::size_t bytes, std::array<const Block*, 2> keep);
+  Block* next_unmappable(StreamId stream, largest_first::Position at, std::array<const Block*, 2> keep) const;
+  Block* next_cached(StreamId stream, largest_first::Position at) const;
   std::size_t unmap_until(const std::vector<Block*>& blocks, std::size_t bytes);
   void release_range(Segment* segment);
 
