@@ -1,5 +1,5 @@
 // The driver's own account of what each process holds on a GPU, through NVML, for a limit on the
-// whole process (Note [a limit on the whole process], core/limits.cpp). NVML is loaded at
+// whole process (Note [a limit on the whole process], core/process_scope.cpp). NVML is loaded at
 // run time (libnvidia-ml.so.1, which the driver installs): gpumem never links it, so the module
 // imports on a machine without a driver, and there nvml_process_memory() has nothing.
 #pragma once

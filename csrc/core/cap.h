@@ -12,13 +12,14 @@
 // driver counts for the process on the device beyond the allocator's reserved bytes (the CUDA
 // context, library workspaces, NCCL's buffers). Reserved may then grow only to the budget, limit -
 // outside, and the watches measure reserved + outside against the limit. The device allocator
-// measures outside (Note [a limit on the whole process], core/limits.cpp); under the
+// measures outside (Note [a limit on the whole process], core/process_scope.cpp); under the
 // default scope it stays 0.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "core/pressure.h"
 
@@ -65,6 +66,14 @@ class Cap {
     }
     grown();
     return {got, Refusal::kNone};
+  }
+  // The same, noting a refusal by the device in `device_refused` (a request's, or the uncached
+  // path's): it makes the out-of-memory error "device full".
+  template <class Ask>
+  auto grow_noting(bool& device_refused, std::size_t bytes, Ask&& ask) -> decltype(ask()) {
+    auto result = grow(bytes, std::forward<Ask>(ask));
+    if (result.refusal == Refusal::kDevice) device_refused = true;
+    return result.got;
   }
 
   // The device handed out the memory try_reserve counted. Not told in try_reserve itself: a

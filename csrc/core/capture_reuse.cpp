@@ -9,21 +9,16 @@
 // free blocks are kept per stream. A block some marker could not be made for waits for the end.
 #include <algorithm>
 
-#include "core/device_allocator.h"
+#include "core/stream_events.h"
 
 namespace gpumem {
 
-void DeviceAllocator::set_capture_reuse(bool on) {
-  const WholeDevice whole(*this);
-  capture_reuse_ = on;
-}
-
-void DeviceAllocator::defer(Block* block) {
+void StreamEvents::defer(Block* block) {
   block->pending_events = 1;  // held until the capture ends or its markers are followed
   Deferred d{block, {}};
   if (capture_reuse_) {
     for (StreamId s : block->stream_uses) {
-      const CaptureMarker marker = d_.backend.capture_marker(d_.device, s);
+      const CaptureMarker marker = backend_.capture_marker(device_, s);
       if (marker == 0) {
         d.markers.clear();
         break;
@@ -34,21 +29,19 @@ void DeviceAllocator::defer(Block* block) {
   deferred_.push_back(std::move(d));
 }
 
-void DeviceAllocator::reuse_deferred(StreamId stream) {
-  auto followed = [&](const Deferred& d) {
+Block* StreamEvents::take_followed(StreamId stream) {
+  if (!capture_reuse_) return nullptr;
+  const auto followed = [&](const Deferred& d) {
     if (d.markers.empty() || d.block->stream != stream) return false;
     return std::all_of(d.markers.begin(), d.markers.end(),
-                       [&](CaptureMarker m) { return d_.backend.capture_follows(d_.device, stream, m); });
+                       [&](CaptureMarker m) { return backend_.capture_follows(device_, stream, m); });
   };
-  // One at a time, each out of the list before it is freed: a free that throws (a release the
-  // threshold asks for) leaves the others deferred, to be freed when the capture ends.
-  for (auto it = std::find_if(deferred_.begin(), deferred_.end(), followed); it != deferred_.end();
-       it = std::find_if(deferred_.begin(), deferred_.end(), followed)) {
-    Block* block = it->block;
-    deferred_.erase(it);
-    block->stream_uses.clear();
-    free_pending(block);
-  }
+  const auto it = std::find_if(deferred_.begin(), deferred_.end(), followed);
+  if (it == deferred_.end()) return nullptr;
+  Block* block = it->block;
+  deferred_.erase(it);
+  block->stream_uses.clear();
+  return block;
 }
 
 }  // namespace gpumem

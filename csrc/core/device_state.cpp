@@ -6,7 +6,7 @@
 namespace gpumem {
 
 DeviceState::DeviceState(Backend& backend, int device, DeviceAllocator* owner)
-    : backend(backend), device(device), owner(owner), backend_source(backend, device), cap(0) {}
+    : backend(backend), device(device), owner(owner), backend_source(backend, device), cap(0), pools(device) {}
 
 Segment* DeviceState::add_segment(Pool& pool, bool small, StreamId stream, std::uintptr_t addr, std::size_t size) {
   auto segment = std::make_unique<Segment>();

@@ -1,7 +1,9 @@
-// What one device's allocator holds in common: the cap, the statistics, the segments by address,
-// the default pool, the lanes (whose arenas are the Blocks' homes) and the pool targets. The fallback chain (DeviceAllocator) and
-// the two sources of new memory (core/plain_segments.h, core/growable_segments.h) work on it, all
-// under the device's lock: nothing here locks.
+// What the parts of one device's allocator share: the backend, the cap, the statistics, the
+// segments by address, the default pool and the private pools, the lanes (whose arenas are the
+// Blocks' homes). The fallback chain (core/device_core.h), the two sources of new memory
+// (core/plain_segments.h, core/growable_segments.h) and the releases (core/release.h) work on it,
+// all under the device's lock: nothing here locks. Each member is a type that keeps its own
+// invariants; what is a bare field here is the segment table's.
 #pragma once
 
 #include <cstddef>
@@ -16,15 +18,13 @@
 #include "core/lanes.h"
 #include "core/cap.h"
 #include "core/pool.h"
+#include "core/private_pools.h"
 #include "core/segment_source.h"
 #include "core/stats.h"
 
 namespace gpumem {
 
 class DeviceAllocator;
-
-// Chooses the pool for a request while graphs capture or MemPools are in use.
-using StreamFilter = std::function<bool(StreamId)>;
 
 // One malloc as the fallback chain carries it: the pool it goes to, its pool class, its stream,
 // the bytes its block must hold, and whether the device refused new memory for it (which makes
@@ -38,11 +38,6 @@ struct Request {
 };
 
 struct DeviceState {
-  struct PoolTarget {
-    Pool* pool;
-    StreamFilter filter;
-  };
-
   DeviceState(Backend& backend, int device, DeviceAllocator* owner);
   DeviceState(const DeviceState&) = delete;
   DeviceState& operator=(const DeviceState&) = delete;
@@ -56,26 +51,18 @@ struct DeviceState {
   StatLedger stats;
   mutable DeviceLock lanes;  // the device's locks, and the arenas of the Blocks (core/lanes.h)
   Pool default_pool;
-  std::vector<PoolTarget> targets;  // most recent last
+  PrivatePools pools;
   std::map<std::uintptr_t, std::unique_ptr<Segment>> segments;  // by address
   std::uint64_t next_serial = 0;
   std::size_t reserved_high = 0;  // the most ever reserved by segments and pages (not reset with the statistics)
 
   // A pool target is active: a graph may be capturing, so nothing waits on events, synchronizes or
   // unmaps.
-  bool capturing() const { return !targets.empty(); }
+  bool capturing() const { return pools.capturing(); }
   SegmentSource& source_of(const Pool& pool) { return pool.source ? *pool.source : backend_source; }
   // The default pool's cache, and a private pool's once nobody holds it, may go back.
   bool releasable_pool(const Pool& pool) const { return &pool == &default_pool || pool.use_count == 0; }
 
-  // The cap's rule (Cap::grow), noting a device's refusal in `device_refused` (a request's, or the
-  // uncached path's): it makes the out-of-memory error "device full".
-  template <class Ask>
-  auto grow_noting(bool& device_refused, std::size_t bytes, Ask&& ask) -> decltype(ask()) {
-    auto result = cap.grow(bytes, std::forward<Ask>(ask));
-    if (result.refusal == Refusal::kDevice) device_refused = true;
-    return result.got;
-  }
   // Where the blocks of `stream` come from and go back to, on every path.
   BlockArena& arena_for(StreamId stream) { return lanes.arena_for(stream); }
   void note_high() { reserved_high = std::max(reserved_high, cap.reserved()); }

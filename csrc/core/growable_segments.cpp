@@ -123,7 +123,7 @@ Block* GrowableSegments::map_front(Request& r, Block* unmapped) {
   const bool small = segment.small;
   const std::size_t before = unmapped->prev && unmapped->prev->is_cached() ? unmapped->prev->size : 0;
   const std::size_t bytes = std::min(round_up(size - before, page_size_), unmapped->size);
-  if (!d_.grow_noting(r.device_refused, bytes, [&] { return d_.backend.map(d_.device, unmapped->ptr(), bytes); })) return nullptr;
+  if (!d_.cap.grow_noting(r.device_refused, bytes, [&] { return d_.backend.map(d_.device, unmapped->ptr(), bytes); })) return nullptr;
   FreeBlocks& unmapped_set = segment.pool->unmapped_for(small);
   unmapped_set.erase(unmapped);
   if (bytes < unmapped->size) unmapped_set.insert(split_block(unmapped, bytes, d_.arena_for(segment.stream)));
@@ -208,8 +208,7 @@ std::size_t GrowableSegments::release(std::size_t bytes, ReleaseOrder order) {
   std::vector<Block*> blocks = unmappable_blocks();
   if (blocks.empty()) return 0;
   if (order == ReleaseOrder::kForRequest) std::stable_sort(blocks.begin(), blocks.end(), larger);
-  d_.backend.synchronize(d_.device);
-  ++d_.stats.num_sync_all_streams;
+  d_.backend.synchronize(d_.device);  // not counted: Note [what num_sync_all_streams counts] (core/release.h)
   return unmap_until(blocks, bytes);
 }
 

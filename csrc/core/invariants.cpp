@@ -4,7 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "core/device_allocator.h"
+#include "core/device_core.h"
 
 namespace gpumem {
 
@@ -111,89 +111,90 @@ void compare(int device, const char* name, const StatArray& kept, const StatArra
   }
 }
 
+// Blocks have one home (core/lanes.h): each arena's Blocks are its spares and the blocks of the
+// segments of the streams it serves, so a Block that went to another arena shows here.
+void check_arenas(const DeviceState& d) {
+  std::map<int, std::size_t> in_segments;  // by lane index, -1 the device's arena
+  for (const auto& [addr, segment] : d.segments) {
+    std::size_t& count = in_segments[d.lanes.lane_index_of(segment->stream)];
+    for (const Block* b = segment->head; b; b = b->next) ++count;
+  }
+  d.lanes.for_each_arena([&](const BlockArena& arena, int index) {
+    if (arena.made() != arena.spares() + in_segments[index]) {
+      broken(d.device, "an arena's blocks are not its spares and its streams' blocks (a Block left its home)", 0);
+    }
+  });
+}
+
 }  // namespace
 
-void DeviceAllocator::check_invariants_locked() const {
+void check_device(const DeviceCore& core) {
+  const DeviceState& d = core.d_;
   Recount r;
-  for (const auto& [addr, segment] : d_.segments) {
-    if (addr != segment->addr) broken(d_.device, "segment filed under the wrong address", addr);
-    check_segment(d_.device, *segment, growable_.page_size(), r);
-    check_source(d_.device, *segment, &d_.backend_source);
+  for (const auto& [addr, segment] : d.segments) {
+    if (addr != segment->addr) broken(d.device, "segment filed under the wrong address", addr);
+    check_segment(d.device, *segment, core.sources_.growable.page_size(), r);
+    check_source(d.device, *segment, &d.backend_source);
   }
   const auto check_pool = [&](const Pool& pool) {
     for (const FreeBlocks* set : {&pool.small_blocks, &pool.large_blocks, &pool.unmapped_small, &pool.unmapped_large}) {
       set->check();
     }
     const std::size_t in_sets = pool.small_blocks.size() + pool.large_blocks.size();
-    if (in_sets != r.free_blocks[&pool]) broken(d_.device, "a free set holds blocks that are not free blocks of its segments", 0);
+    if (in_sets != r.free_blocks[&pool]) broken(d.device, "a free set holds blocks that are not free blocks of its segments", 0);
     if (pool.unmapped_small.size() + pool.unmapped_large.size() != r.unmapped_blocks[&pool]) {
-      broken(d_.device, "an unmapped set holds blocks that are not unmapped blocks of its segments", 0);
+      broken(d.device, "an unmapped set holds blocks that are not unmapped blocks of its segments", 0);
     }
-    if (pool.segments != r.segments[&pool]) broken(d_.device, "a pool's segment count differs from its segments", 0);
+    if (pool.segments != r.segments[&pool]) broken(d.device, "a pool's segment count differs from its segments", 0);
   };
-  check_pool(d_.default_pool);
-  for (const auto& [id, pool] : private_pools_) check_pool(*pool);
-  const DeviceStats kept = d_.stats.snapshot();
-#define GPUMEM_COMPARE(name, help) compare(d_.device, #name, kept.name, r.stats.name);
+  check_pool(d.default_pool);
+  d.pools.for_each(check_pool);
+  const DeviceStats kept = d.stats.snapshot();
+#define GPUMEM_COMPARE(name, help) compare(d.device, #name, kept.name, r.stats.name);
   GPUMEM_STAT_ARRAYS(GPUMEM_COMPARE)
 #undef GPUMEM_COMPARE
-  if (d_.cap.reserved() != static_cast<std::size_t>(d_.stats.reserved_bytes()) + uncached_bytes_) {
-    broken(d_.device, "the cap's reserved bytes differ from the statistics and the uncached bytes", 0);
+  if (d.cap.reserved() != static_cast<std::size_t>(d.stats.reserved_bytes()) + core.uncached_.bytes()) {
+    broken(d.device, "the cap's reserved bytes differ from the statistics and the uncached bytes", 0);
   }
-  check_arenas_locked();
+  check_arenas(d);
   std::map<const Block*, int> events;
-  for (const PendingFree& p : pending_) ++events[p.block];
-  for (const Deferred& d : deferred_) ++events[d.block];
+  core.events_.for_each_wait([&](const Block* block) { ++events[block]; });
   for (const auto& [block, count] : events) {
-    if (block->pending_events != count) broken(d_.device, "pending event count differs from the events queued", block->addr);
+    if (block->pending_events != count) broken(d.device, "pending event count differs from the events queued", block->addr);
   }
-}
-
-// Blocks have one home (core/lanes.h): each arena's Blocks are its spares and the blocks of the
-// segments of the streams it serves, so a Block that went to another arena shows here.
-void DeviceAllocator::check_arenas_locked() const {
-  std::map<int, std::size_t> in_segments;  // by lane index, -1 the device's arena
-  for (const auto& [addr, segment] : d_.segments) {
-    std::size_t& count = in_segments[d_.lanes.lane_index_of(segment->stream)];
-    for (const Block* b = segment->head; b; b = b->next) ++count;
-  }
-  d_.lanes.for_each_arena([&](const BlockArena& arena, int index) {
-    if (arena.made() != arena.spares() + in_segments[index]) {
-      broken(d_.device, "an arena's blocks are not its spares and its streams' blocks (a Block left its home)", 0);
-    }
-  });
 }
 
 // Under one lane only: other lanes run meanwhile, so this reads only what the lane owns (the blocks
 // of its streams' default-pool segments, their bins, its arena) and what only the whole device
 // changes (the segment table, the streams' bins tables). The statistics, shared, are checked under
 // the whole device.
-void DeviceAllocator::check_lane_locked(const Lane& lane) const {
+void check_lane(const DeviceCore& core, const Lane& lane) {
+  const DeviceState& d = core.d_;
   std::size_t blocks = 0;
-  for (const auto& [addr, segment] : d_.segments) {
+  for (const auto& [addr, segment] : d.segments) {
     const Segment& s = *segment;  // its stream and pool never change
-    const LaneSlot* slot = d_.lanes.slot_of(s.stream);
+    const LaneSlot* slot = d.lanes.slot_of(s.stream);
     if (!slot || slot->lane != &lane) continue;
     const FreeBins* bins = s.pool->blocks_for(s.small).existing_bins(s.stream);
     std::size_t total = 0;
     for (const Block* b = s.head; b; b = b->next) {
       ++blocks;
       total += b->size;
-      if (b->segment != &s) broken(d_.device, "block points to another segment", b->addr);
+      if (b->segment != &s) broken(d.device, "block points to another segment", b->addr);
       if (b->next && (b->next->prev != b || b->addr + b->size != b->next->addr)) {
-        broken(d_.device, "a segment's blocks are not linked in address order", b->addr);
+        broken(d.device, "a segment's blocks are not linked in address order", b->addr);
       }
       if (b->next && b->is_free() && b->next->is_free() && b->mapped == b->next->mapped) {
-        broken(d_.device, "two free neighbours were not merged", b->addr);
+        broken(d.device, "two free neighbours were not merged", b->addr);
       }
       if (b->mapped && b->is_free() != (bins && FreeBlocks::contains_in(*bins, b))) {
-        broken(d_.device, b->is_free() ? "free block missing from its bins" : "used block in its bins", b->addr);
+        broken(d.device, b->is_free() ? "free block missing from its bins" : "used block in its bins", b->addr);
       }
     }
-    if (total != s.size) broken(d_.device, "block sizes do not sum to the segment size", s.addr);
+    if (total != s.size) broken(d.device, "block sizes do not sum to the segment size", s.addr);
   }
   if (lane.arena.made() != lane.arena.spares() + blocks) {
-    broken(d_.device, "a lane's arena's blocks are not its spares and its streams' blocks (a Block left its home)", 0);
+    broken(d.device, "a lane's arena's blocks are not its spares and its streams' blocks (a Block left its home)", 0);
   }
 }
 

@@ -5,7 +5,7 @@
 // and merged only with each other, and a stream's free blocks are bins of their own in the free
 // set (core/free_set.h). So a cached malloc or free on one stream touches nothing that another
 // stream's cached path touches, except the statistics. Each stream therefore gets a lane: a lock
-// and a Block arena. The cached path (DeviceAllocator::malloc_in_lane, free_in_lane) takes only its
+// and a Block arena. The cached path (DeviceCore::malloc_in_lane, free_in_lane) takes only its
 // stream's lane, so threads on different streams do not wait for each other's splits and merges.
 //
 // The statistics are one ledger (core/stats.h), written by the cached path under the ledger's own
@@ -29,7 +29,7 @@
 // so the first kLanes streams never share a lane. A stream without a slot (more than kSlots
 // streams) always takes the whole device: correct, only slower. Slots are never reused: a slot's
 // stream is written once, before the count that publishes it, and a stream gets its slot before
-// its first block is made (DeviceAllocator::malloc_on_device), so its blocks' arena never changes.
+// its first block is made (DeviceCore::malloc_on_device), so its blocks' arena never changes.
 #pragma once
 
 #include <atomic>
@@ -51,7 +51,6 @@ struct alignas(128) Lane {
   bool malloc_open = false;
   bool free_open = false;
   BlockArena arena;
-  std::uint64_t served = 0;  // mallocs and frees its cached path served
 };
 
 // A stream with a lane, its lane, and the default pool's free bins of that stream, found once
@@ -127,12 +126,6 @@ class DeviceLock {
   int lane_index_of(StreamId stream) const {
     const LaneSlot* slot = slot_of(stream);
     return slot ? static_cast<int>(slot->lane - lanes_) : -1;
-  }
-  // Under the whole device: the mallocs and frees the lanes' cached paths served so far.
-  std::uint64_t served() const {
-    std::uint64_t total = 0;
-    for (const Lane& lane : lanes_) total += lane.served;
-    return total;
   }
 
  private:

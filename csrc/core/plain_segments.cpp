@@ -19,7 +19,7 @@ std::size_t PlainSegments::growth_for(std::size_t size) const { return tight_seg
 // The cap first, then the pool's source (the backend, or a MemPool's allocator); the cap is given
 // back if the source refuses or throws.
 Block* PlainSegments::reserve(Request& r, std::size_t bytes) {
-  void* ptr = d_.grow_noting(r.device_refused, bytes, [&] { return d_.source_of(*r.pool).reserve(bytes); });
+  void* ptr = d_.cap.grow_noting(r.device_refused, bytes, [&] { return d_.source_of(*r.pool).reserve(bytes); });
   if (!ptr) return nullptr;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   if (d_.overlaps_segment(addr, bytes)) {

@@ -1,85 +1,95 @@
-// Giving cached memory back to where it came from: which segments may go, and when they go.
-//   - over the limit (a lowered limit, or memory outside the allocator that grew): the frees
-//     themselves give back, oldest first (Note [reserved above a lowered limit], core/limits.cpp);
-//   - for a request the cap or the device refused: what it lacks, chosen by the release policy
-//     (core/release_policy.cpp), then free pages of growable segments;
-//   - above the release threshold: oldest first, down to the threshold's share of the limit;
-//   - at empty_cache: everything cached that nobody holds.
-// What goes, and how, is each source's (core/plain_segments.cpp, core/growable_segments.cpp).
-#include "core/device_allocator.h"
+// Giving cached memory back: core/release.h.
+#include "core/release.h"
+
+#include <string>
+#include <vector>
+
+#include "core/errors.h"
+#include "core/limit_spec.h"
 
 namespace gpumem {
 
-// Gives cached memory back, oldest first, until reserved is at most `reserved_target`: whole plain
-// segments, then the free pages of growable ones.
-bool DeviceAllocator::release_oldest_until(std::size_t reserved_target) {
+void check_release_threshold(double share) {
+  if (!(share >= 0.0 && share <= 1.0)) {
+    throw LimitSpecError("gpumem: bad release threshold " + std::to_string(share) +
+                         ": expected a share of the limit in (0, 1], or 0 to turn it off");
+  }
+}
+
+CacheRelease::CacheRelease(DeviceState& d, Sources& sources, double threshold)
+    : d_(d), sources_(sources), threshold_(threshold) {
+  check_release_threshold(threshold);
+}
+
+bool CacheRelease::oldest_until(std::size_t reserved_target) {
   const std::size_t reserved = d_.cap.reserved();
-  return reserved > reserved_target && release_bytes(reserved - reserved_target, ReleaseOrder::kOldest);
+  return reserved > reserved_target && bytes(reserved - reserved_target, ReleaseOrder::kOldest);
 }
 
 // Asks both sources, plain first, for `need` bytes in `order`; true (and counted) if any went.
-bool DeviceAllocator::release_bytes(std::size_t need, ReleaseOrder order) {
-  std::size_t freed = plain_.release(need, order);
-  if (freed < need) freed += growable_.release(need - freed, order);
+bool CacheRelease::bytes(std::size_t need, ReleaseOrder order) {
+  std::size_t freed = sources_.plain.release(need, order);
+  if (freed < need) freed += sources_.growable.release(need - freed, order);
   if (freed == 0) return false;
   ++d_.stats.num_cache_releases;
   return true;
 }
 
-bool DeviceAllocator::release_all_unused() {
-  const bool released = release_oldest_until(0);
-  growable_.drop_empty();
+bool CacheRelease::all_unused() {
+  const bool released = oldest_until(0);
+  sources_.growable.drop_empty();
   return released;
 }
 
-// Frees room for a request: under the cap, what the cap lacks for the memory the request would
-// add; when the device itself refused, as much as that memory (its free memory is not the cap's to
-// know). Plain segments first, by the release policy; then free pages, largest first.
-bool DeviceAllocator::release_for(const Request& r) {
-  const std::size_t bytes = memory_for(*r.pool).growth_for(r.size);
+bool CacheRelease::for_request(const Request& r) {
+  const std::size_t bytes_added = sources_.serving(*r.pool).growth_for(r.size);
   // Reserved may stand above a lowered limit: the shortfall counts from there, not from zero headroom.
-  const std::size_t after = d_.cap.reserved() + bytes, limit = d_.cap.budget();
-  const std::size_t need = r.device_refused ? bytes : (after > limit ? after - limit : 0);
-  return need > 0 && release_bytes(need, ReleaseOrder::kForRequest);
+  const std::size_t after = d_.cap.reserved() + bytes_added, limit = d_.cap.budget();
+  const std::size_t need = r.device_refused ? bytes_added : (after > limit ? after - limit : 0);
+  return need > 0 && bytes(need, ReleaseOrder::kForRequest);
 }
 
-void DeviceAllocator::apply_release_threshold() {
-  // The share is of the limit; under a limit on the whole process, what is outside counts too.
-  const auto share = static_cast<std::size_t>(release_threshold_ * static_cast<double>(d_.cap.limit()));
-  release_oldest_until(share > d_.cap.outside() ? share - d_.cap.outside() : 0);
+void CacheRelease::over_limit() {
+  if (!d_.capturing()) oldest_until(d_.cap.budget());
 }
 
-void DeviceAllocator::empty_cache(PoolId id) {
-  const WholeDevice whole(*this);
-  if (!id.is_default()) {
-    empty_pool_cache(id);
-  } else if (!d_.capturing()) {
-    synchronize_and_process_events();
-    release_all_unused();
-  } else {
-    // A graph may be capturing: the default pool keeps its memory (freeing it would break the
-    // capture), as native does; pools nobody holds are not being captured into.
-    if (release_unheld_pools_cache()) ++d_.stats.num_cache_releases;
-  }
-  release_free_pools();
-  debug_check();
+void CacheRelease::after_free(const Block* merged) {
+  // Usually neither holds, and the free ends here.
+  const bool over = d_.cap.reserved() > d_.cap.budget() && !d_.capturing();
+  if (!over && threshold_ == 0.0) return;
+  // Something became releasable: a whole plain segment, or a free page of a growable one.
+  if (!sources_.of(*merged->segment).frees_memory(*merged)) return;
+  if (over) over_limit();
+  if (threshold_ > 0.0) apply_threshold();
 }
 
-// See Note [reserved above a lowered limit].
-void DeviceAllocator::give_back_over_limit() {
-  if (!d_.capturing()) release_oldest_until(d_.cap.budget());
-}
-
-void DeviceAllocator::set_release_threshold(double share) {
+void CacheRelease::set_threshold(double share) {
   check_release_threshold(share);
-  const WholeDevice whole(*this);
-  release_threshold_ = share;
-  if (share > 0.0) apply_release_threshold();
+  threshold_ = share;
+  if (share > 0.0) apply_threshold();
 }
 
-double DeviceAllocator::release_threshold() const {
-  const WholeDevice whole(*this);
-  return release_threshold_;
+void CacheRelease::apply_threshold() {
+  // The share is of the limit; under a limit on the whole process, what is outside counts too.
+  const auto share = static_cast<std::size_t>(threshold_ * static_cast<double>(d_.cap.limit()));
+  oldest_until(share > d_.cap.outside() ? share - d_.cap.outside() : 0);
+}
+
+bool CacheRelease::pool_cache(const Pool& pool) {
+  std::vector<Segment*> unused;
+  for (const auto& [addr, segment] : d_.segments) {
+    if (segment->pool == &pool && segment->is_unused()) unused.push_back(segment.get());
+  }
+  for (Segment* s : unused) sources_.plain.release_segment(s);
+  return !unused.empty();
+}
+
+bool CacheRelease::unheld_pools_cache() {
+  bool released = false;
+  d_.pools.for_each([&](const Pool& pool) {
+    if (pool.use_count == 0 && pool_cache(pool)) released = true;
+  });
+  return released;
 }
 
 }  // namespace gpumem

@@ -37,7 +37,7 @@
   X(num_ooms_over_limit, "of those: allocated plus the request over the limit")             \
   X(num_ooms_device_full, "of those: under the limit, but the device had no memory left")   \
   X(num_ooms_fragmentation, "of those: under the limit, but no block or segment fit")       \
-  X(num_sync_all_streams, "times the device was synchronized to release memory")            \
+  X(num_sync_all_streams, "waits for all streams before releasing all the cache")           \
   X(num_device_alloc, "segments obtained from the device")                                  \
   X(num_device_free, "segments returned to the device")                                     \
   X(num_cache_releases, "times cached segments were released (policy, empty_cache, limit)")

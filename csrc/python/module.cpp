@@ -100,7 +100,7 @@ py::dict device_figures(DeviceAllocator& device) {
     py::gil_scoped_release release;
     reserved = device.reserved();
     limit = device.limit();
-    outside = device.outside();
+    outside = device.cap().outside();
     source = device.outside_source();
     scope = device.scope();
     stats = device.stats();
@@ -126,7 +126,7 @@ py::dict figures_of(const CachingAllocator& core, int index) {
 py::list pressure_list(const CachingAllocator& core) {
   py::list out;
   for (const DeviceAllocator* d : core.existing_devices()) {
-    d->pressure().for_each([&](const PressureCount& c) {
+    d->cap().pressure().for_each([&](const PressureCount& c) {
       out.append(py::make_tuple(d->device(), c.share, c.crossings, c.reserved_at_crossing, d->limit()));
     });
   }
@@ -259,7 +259,7 @@ void bind_process_allocator(py::module_& m) {
         py::arg("device"), py::arg("scope"), Release());
   m.def("get_scope", [core](int device) { return limit_scope_name(core().device(device).scope()); },
         py::arg("device"));
-  m.def("outside", [core](int device) { return core().device(device).outside(); }, py::arg("device"),
+  m.def("outside", [core](int device) { return core().device(device).cap().outside(); }, py::arg("device"),
         "Under a limit on the whole process: its memory on the device outside gpumem, as last measured.");
   m.def("outside_source", [core](int device) { return outside_source_name(core().device(device).outside_source()); },
         py::arg("device"), "Where outside() was measured from: \"process accounting\", \"device at first use\" or \"none\".");
@@ -271,7 +271,7 @@ void bind_process_allocator(py::module_& m) {
         py::arg("device"), py::arg("on"), "Growable segments for new memory, or plain ones.");
   m.def("get_growable", [core](int device) { return core().device(device).growable(); }, py::arg("device"),
         "Whether growable segments are in effect: asked for, and the device can map pages.");
-  m.def("growable_supported", [core](int device) { return core().device(device).growable_supported(); },
+  m.def("growable_supported", [core](int device) { return core().device(device).page_size() > 0; },
         py::arg("device"), "Whether the device can map pages (CUDA virtual memory management).");
   m.def("page_size", [core](int device) { return core().device(device).page_size(); }, py::arg("device"),
         "The device's mapping granularity in bytes; 0 where it cannot map pages.");
@@ -335,7 +335,7 @@ void bind_sim_allocator(py::module_& m) {
       }, py::arg("device"), py::arg("scope"))
       .def("get_scope", [](SimAllocator& s, int device) { return limit_scope_name(s.device(device).scope()); },
            py::arg("device"))
-      .def("outside", [](SimAllocator& s, int device) { return s.device(device).outside(); }, py::arg("device"))
+      .def("outside", [](SimAllocator& s, int device) { return s.device(device).cap().outside(); }, py::arg("device"))
       .def("outside_source", [](SimAllocator& s, int device) {
         return outside_source_name(s.device(device).outside_source());
       }, py::arg("device"))

@@ -74,7 +74,7 @@ void TorchAllocator::cacheInfo(DeviceIndex device, size_t* largest_block) {
   std::size_t largest = *largest_block;
   if (largest == 0) {
     const MemInfo mem = with_c10_errors([&] { return d.device_mem_info(); });
-    const std::size_t budget = d.budget(), reserved = d.reserved();
+    const std::size_t budget = d.cap().budget(), reserved = d.reserved();
     largest = std::min(mem.free, budget > reserved ? budget - reserved : 0);
   }
   *largest_block = std::max(largest, d.largest_free_block());
@@ -100,7 +100,7 @@ void* TorchAllocator::getBaseAllocation(void* ptr, size_t* size) {
 std::pair<size_t, size_t> TorchAllocator::capped_view(DeviceIndex device, MemInfo mem) {
   gpumem::DeviceAllocator& d = this->device(device);
   const std::size_t limit = std::min(d.limit(), mem.total), reserved = d.reserved();
-  const std::size_t budget = std::min(d.budget(), limit);
+  const std::size_t budget = std::min(d.cap().budget(), limit);
   return {std::min(mem.free, budget > reserved ? budget - reserved : 0), limit};
 }
 

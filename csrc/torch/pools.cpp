@@ -87,12 +87,12 @@ void TorchAllocator::createOrIncrefPool(DeviceIndex device, MempoolId mempool_id
 #if GPUMEM_TORCH_HAS_SET_USE_ON_OOM_FLAG
 void TorchAllocator::setUseOnOOM(DeviceIndex device, MempoolId mempool_id, bool use_on_oom) {
   gpumem::DeviceAllocator& d = this->device(device);
-  with_c10_errors([&] { d.set_use_on_oom(torch_compat::to_gpumem(mempool_id), use_on_oom); });
+  with_c10_errors([&] { d.set_pool_option(torch_compat::to_gpumem(mempool_id), PoolOption::kUseOnOom, use_on_oom); });
 }
 #elif GPUMEM_TORCH_HAS_SET_USE_ON_OOM
 void TorchAllocator::setUseOnOOM(DeviceIndex device, MempoolId mempool_id) {
   gpumem::DeviceAllocator& d = this->device(device);
-  with_c10_errors([&] { d.set_use_on_oom(torch_compat::to_gpumem(mempool_id), true); });
+  with_c10_errors([&] { d.set_pool_option(torch_compat::to_gpumem(mempool_id), PoolOption::kUseOnOom, true); });
 }
 #endif
 
@@ -100,7 +100,7 @@ void TorchAllocator::setUseOnOOM(DeviceIndex device, MempoolId mempool_id) {
 #if GPUMEM_TORCH_HAS_SET_NO_SPLIT
 void TorchAllocator::setNoSplit(DeviceIndex device, MempoolId mempool_id) {
   gpumem::DeviceAllocator& d = this->device(device);
-  with_c10_errors([&] { d.set_no_split(torch_compat::to_gpumem(mempool_id)); });
+  with_c10_errors([&] { d.set_pool_option(torch_compat::to_gpumem(mempool_id), PoolOption::kNoSplit, true); });
 }
 #endif
 

@@ -309,7 +309,7 @@ TEST_CASE("the device is not synchronized when nothing is pending", "[fallback][
   oom_from([&] { f.sim.malloc(20 * MiB); });  // runs the whole chain
   REQUIRE(f.sim.stats().num_alloc_retries == 1);
   REQUIRE(f.sim.ledger().syncs == 0);
-  REQUIRE(f.sim.stats().num_sync_all_streams == 0);
+  REQUIRE(f.sim.stats().num_sync_all_streams == 1);  // the pass is counted, as native counts it
 }
 
 TEST_CASE("each OOM increments num_ooms", "[oom][stats]") {

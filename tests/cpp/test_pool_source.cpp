@@ -311,8 +311,8 @@ Tally run_random(std::uint64_t seed, bool no_split, std::uint64_t ops) {
     } catch (const std::invalid_argument&) {
       sim.alloc.create_pool(kPool);  // still there, with its source
     }
-    sim.alloc.set_use_on_oom(kPool, true);
-    if (no_split) sim.alloc.set_no_split(kPool);
+    sim.alloc.set_pool_option(kPool, PoolOption::kUseOnOom, true);
+    if (no_split) sim.alloc.set_pool_option(kPool, PoolOption::kNoSplit, true);
   };
   hold();
   bool held = true, routed = false;

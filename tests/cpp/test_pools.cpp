@@ -350,7 +350,7 @@ namespace {
 struct NoSplitSim : Sim {
   NoSplitSim() {
     alloc.create_pool(kPool);
-    alloc.set_no_split(kPool);
+    alloc.set_pool_option(kPool, PoolOption::kNoSplit, true);
     alloc.begin_allocate_to_pool(kPool, only(kStream1));
   }
 };
@@ -395,8 +395,14 @@ TEST_CASE("other pools still split blocks", "[pools][no_split]") {
 
 TEST_CASE("pool options on a pool that does not exist are refused", "[pools]") {
   Sim sim;
-  REQUIRE_THROWS_AS(sim.alloc.set_no_split(kPool), std::invalid_argument);
-  REQUIRE_THROWS_WITH(sim.alloc.set_use_on_oom(kPool, true), Catch::Contains("(1, 1)"));
+  REQUIRE_THROWS_AS(sim.alloc.set_pool_option(kPool, PoolOption::kNoSplit, true), std::invalid_argument);
+  REQUIRE_THROWS_WITH(sim.alloc.set_pool_option(kPool, PoolOption::kUseOnOom, true), Catch::Contains("(1, 1)"));
+}
+
+TEST_CASE("a pool's no_split cannot be turned off, and refusing it changes nothing", "[pools][no_split]") {
+  NoSplitSim sim;
+  REQUIRE_THROWS_WITH(sim.alloc.set_pool_option(kPool, PoolOption::kNoSplit, false), Catch::Contains("only be turned on"));
+  REQUIRE(sim.malloc(4096, kStream1)->segment->head->next == nullptr);  // still one block a segment
 }
 
 // ---- use_on_oom ----
@@ -409,7 +415,7 @@ struct OnOomSim : Sim {
   std::uintptr_t cached_addr = 0;
   explicit OnOomSim(bool use_on_oom = true) : Sim(20 * MiB) {
     alloc.create_pool(kPool);
-    if (use_on_oom) alloc.set_use_on_oom(kPool, true);
+    if (use_on_oom) alloc.set_pool_option(kPool, PoolOption::kUseOnOom, true);
     alloc.begin_allocate_to_pool(kPool, only(kStream2));
     Block* b = malloc(12 * MiB, kStream2);
     cached_addr = b->addr;
@@ -447,7 +453,7 @@ TEST_CASE("without use_on_oom a held pool's cached block does not serve the defa
 
 TEST_CASE("a use_on_oom pool turned off no longer serves", "[pools][use_on_oom][oom]") {
   OnOomSim sim;
-  sim.alloc.set_use_on_oom(kPool, false);
+  sim.alloc.set_pool_option(kPool, PoolOption::kUseOnOom, false);
   REQUIRE_THROWS_AS(sim.malloc(12 * MiB, kStream2), OutOfMemoryError);
 }
 

@@ -26,7 +26,7 @@ std::uint64_t crossings(const PressureWatches& watches) {
   return c[0].crossings;
 }
 
-std::uint64_t crossings(const DeviceAllocator& device) { return crossings(device.pressure()); }
+std::uint64_t crossings(const DeviceAllocator& device) { return crossings(device.cap().pressure()); }
 
 // One watch at 0.85 of a 1000-byte limit: high mark 850, low mark 800.
 void watch_at_85(PressureWatches& w) { w.watch(0, 0.85, kLimit, 0); }
@@ -236,8 +236,8 @@ TEST_CASE("a share watched before a device is made applies to it; the same share
   core.watch_pressure(0.5);
   core.watch_pressure(0.9);
   void* p = core.raw_alloc(1, 95 * MiB, kStream0);
-  REQUIRE(counts(core.device(0).pressure()).size() == 2);
-  const std::vector<PressureCount> c = counts(core.device(1).pressure());
+  REQUIRE(counts(core.device(0).cap().pressure()).size() == 2);
+  const std::vector<PressureCount> c = counts(core.device(1).cap().pressure());
   REQUIRE(c.size() == 2);
   REQUIRE(c[0].share == 0.5);
   REQUIRE(c[0].crossings == 1);
@@ -252,6 +252,6 @@ TEST_CASE("one share more than the watches hold is refused and changes nothing",
   core.device(0);
   for (int i = 1; i <= kMaxPressureWatches; ++i) core.watch_pressure(i / 10.0);
   REQUIRE_THROWS_AS(core.watch_pressure(0.95), LimitSpecError);
-  REQUIRE(counts(core.device(0).pressure()).size() == static_cast<std::size_t>(kMaxPressureWatches));
+  REQUIRE(counts(core.device(0).cap().pressure()).size() == static_cast<std::size_t>(kMaxPressureWatches));
   core.watch_pressure(0.1);  // one already watched is still fine
 }

@@ -36,7 +36,7 @@ TEST_CASE("under the process scope the memory outside the allocator counts again
     REQUIRE(sim.alloc.outside_source() == OutsideSource::kNone);  // nothing held yet: the first growth measures
 
     auto [blocks, oom] = fill(sim, 100 * MiB);
-    REQUIRE(sim.alloc.outside() == 1 * GiB + 300 * MiB);
+    REQUIRE(sim.alloc.cap().outside() == 1 * GiB + 300 * MiB);
     REQUIRE(sim.alloc.outside_source() == OutsideSource::kProcessAccounting);
     const std::size_t process = sim.ledger().in_use + 1 * GiB + 300 * MiB;
     REQUIRE(process <= kLimit);
@@ -54,7 +54,7 @@ TEST_CASE("under the allocator scope the same device lets the allocator reserve 
   sim.backend.set_use_outside(0, 1 * GiB);
   auto [blocks, oom] = fill(sim, 100 * MiB);
   REQUIRE(sim.ledger().in_use > kLimit - 100 * MiB);
-  REQUIRE(sim.alloc.outside() == 0);
+  REQUIRE(sim.alloc.cap().outside() == 0);
   REQUIRE(sim.alloc.outside_source() == OutsideSource::kNone);
   REQUIRE_FALSE(oom.info.process_scope);
   REQUIRE(oom.message.find("whole process") == std::string::npos);
@@ -76,7 +76,7 @@ TEST_CASE("memory a library takes later is counted at the next growth, and the c
     // A request the cache cannot serve (another stream's) measures them and releases cached memory
     // down to the budget.
     sim.malloc(600 * MiB, kStream1);
-    REQUIRE(sim.alloc.outside() == 2 * GiB);
+    REQUIRE(sim.alloc.cap().outside() == 2 * GiB);
     REQUIRE(sim.ledger().in_use + 2 * GiB <= kLimit);
     REQUIRE(sim.stats().num_cache_releases >= 1);
   }
@@ -103,12 +103,12 @@ TEST_CASE("without the driver's figure for the process, outside is the device's 
   sim.alloc.set_scope(LimitScope::kProcess);
   Block* b = sim.malloc(100 * MiB);
   // Other processes are counted as this one's: the figure errs on the side of the cap.
-  REQUIRE(sim.alloc.outside() == 1200 * MiB);
+  REQUIRE(sim.alloc.cap().outside() == 1200 * MiB);
   REQUIRE(sim.alloc.outside_source() == OutsideSource::kDeviceAtFirst);
   // Measured once: what changes later is not seen.
   sim.backend.set_use_outside(0, 900 * MiB, 700 * MiB);
   sim.malloc(200 * MiB);
-  REQUIRE(sim.alloc.outside() == 1200 * MiB);
+  REQUIRE(sim.alloc.cap().outside() == 1200 * MiB);
   sim.free(b);
 }
 
@@ -122,9 +122,9 @@ TEST_CASE("the process scope waits for the first growth to measure, and the allo
   REQUIRE(alloc.scope() == LimitScope::kProcess);
   REQUIRE(alloc.outside_source() == OutsideSource::kNone);  // made without asking the device
   Block* b = alloc.malloc(10 * MiB, kStream0);
-  REQUIRE(alloc.outside() == 1 * GiB);
+  REQUIRE(alloc.cap().outside() == 1 * GiB);
   alloc.set_scope(LimitScope::kAllocator);
-  REQUIRE(alloc.outside() == 0);
+  REQUIRE(alloc.cap().outside() == 0);
   REQUIRE(alloc.outside_source() == OutsideSource::kNone);
   alloc.free(b);
 }
@@ -138,7 +138,7 @@ TEST_CASE("pressure under the process scope is measured on reserved plus what is
   std::uint64_t crossings = 0;
   auto count = [&] {
     crossings = 0;
-    sim.alloc.pressure().for_each([&](const PressureCount& c) { crossings += c.crossings; });
+    sim.alloc.cap().pressure().for_each([&](const PressureCount& c) { crossings += c.crossings; });
     return crossings;
   };
   REQUIRE(count() == 0);

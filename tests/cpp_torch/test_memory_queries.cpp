@@ -150,7 +150,7 @@ TEST_CASE("under a limit on the whole process the adapter measures what is outsi
   sim.core_device().set_limit(std::string_view("256MB"));
   sim.core_device().set_scope(LimitScope::kProcess);
   c10::DataPtr live = sim.adapter.allocate(100 * MiB);
-  REQUIRE(sim.core_device().outside() == 64 * MiB);  // through the adapter's backend
+  REQUIRE(sim.core_device().cap().outside() == 64 * MiB);  // through the adapter's backend
   REQUIRE(sim.core_device().outside_source() == OutsideSource::kProcessAccounting);
   const auto [free, total] = sim.adapter.getMemoryInfo(0);
   REQUIRE(total == 256 * MiB);

@@ -197,3 +197,31 @@ def test_torch_accelerator_memory_functions_report_gpumem(run_python):
         """
     )
     assert result["accelerator"] == result["gpumem"] >= 96 * MiB
+
+
+EMPTY_CACHE_SYNCS = """
+def syncs():
+    return torch.cuda.memory_stats()["num_sync_all_streams"]
+
+x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+del x  # cached: empty_cache has a segment to give back
+side = torch.cuda.Stream()
+y = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+y.record_stream(side)
+del y  # its free waits for the side stream: empty_cache synchronizes for it
+before = syncs()
+torch.cuda.empty_cache()
+pending = syncs() - before
+before = syncs()
+torch.cuda.empty_cache()  # nothing cached, nothing pending
+idle = syncs() - before
+print(json.dumps({"pending": pending, "idle": idle}))
+"""
+
+
+@pytest.mark.parametrize("segments", ["growable", "plain"])
+def test_one_empty_cache_counts_one_sync_of_all_streams(run_python, segments):
+    native = run_python(EMPTY_CACHE_SYNCS)
+    capped = run_python(f'gpumem.set_limit("1GB"); gpumem.set_segments("{segments}")', EMPTY_CACHE_SYNCS)
+    assert native == {"pending": 1, "idle": 1}  # what gpumem matches
+    assert capped == native

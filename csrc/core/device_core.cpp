@@ -1,0 +1,385 @@
+// The fallback chain of malloc, the free path and the lanes' cached paths: core/device_core.h.
+#include "core/device_core.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "core/limit_spec.h"
+#include "core/sizing.h"
+
+namespace gpumem {
+
+namespace {
+
+// Whether handing out `size` bytes of free `block` cuts it: the rest is worth keeping and the pool
+// splits blocks (its no_split is read only when a split is due).
+bool cuts(const Block& block, std::size_t size) {
+  return should_split(block.size, size) && !block.segment->pool->no_split;
+}
+
+// What handing out `size` bytes of free `block` (cut or not) does to the inactive split blocks,
+// as native counts them: a split block that is cut gives the caller `size` bytes (it stays one
+// inactive split block); an unsplit one that is cut leaves a new one, its rest; a split block
+// handed out whole is one fewer.
+struct SplitChange {
+  std::int64_t blocks = 0;
+  std::int64_t bytes = 0;
+};
+SplitChange split_change_of(const Block& block, std::size_t size, bool cut) {
+  const bool was_split = block.is_split();
+  if (cut) {
+    return was_split ? SplitChange{0, -static_cast<std::int64_t>(size)}
+                     : SplitChange{1, static_cast<std::int64_t>(block.size - size)};
+  }
+  return was_split ? SplitChange{-1, -static_cast<std::int64_t>(block.size)} : SplitChange{};
+}
+
+// Inactive split blocks changed in `segment`; counted in plain segments only (StatLedger::split_change).
+void count_split(StatLedger& stats, const Segment& segment, std::int64_t blocks, std::int64_t bytes) {
+  if (!segment.growable) stats.split_change(segment.small, blocks, bytes);
+}
+
+// A cached free block of `pool` for the request (its class, stream and size), or nullptr.
+Block* try_cached(Pool& pool, const Request& r) { return pool.blocks_for(r.small).take_best_fit(r.stream, r.size); }
+
+}  // namespace
+
+DeviceCore::DeviceCore(Backend& backend, int device, const AllocatorConfig& config, DeviceAllocator* owner)
+    : d_(backend, device, owner),
+      sources_(d_, config.growable),
+      events_(backend, device),
+      uncached_(backend, device),
+      release_(d_, sources_, config.release_threshold),
+      scope_(config.scope) {  // measured at the first growth: the backend is not asked yet
+  d_.device_total = d_.backend.total_memory(device);
+  if (config.limit && *config.limit > d_.device_total) {
+    throw LimitSpecError("gpumem: limit of " + format_bytes(*config.limit) + " is above device " +
+                         std::to_string(device) + "'s total of " + format_bytes(d_.device_total));
+  }
+  d_.cap.set_limit(config.limit.value_or(d_.device_total));
+  sources_.growable.set_page_size(d_.backend.page_size(device));  // the backend is asked once the config holds
+}
+
+DeviceCore::~DeviceCore() {
+  // The owner is going away: give everything back, live blocks included. A destructor must not
+  // throw (it would end the process): a backend call that fails now leaves that memory to the
+  // driver, which frees it with the process. The events and uncached memory go with their owners.
+  for (const auto& [addr, segment] : d_.segments) sources_.of(*segment).drop(*segment);
+}
+
+// ---- malloc: the fallback chain ----
+
+// The cached path of a stream with a lane: what the chain below does when a cached block fits and
+// no capture or pending event is in the way (the lane is open), under the stream's lane only. What
+// opens the lane changes only under the whole device.
+[[gnu::always_inline]] inline Block* DeviceCore::malloc_in_lane(LaneSlot& slot, std::size_t size,
+                                                                std::size_t requested) {
+  LaneGuard guard(*slot.lane);
+  Lane& lane = guard.lane();
+  if (!lane.malloc_open) return nullptr;
+  lane.arena.keep_one();  // a cut's Block: if that allocation fails, nothing has changed yet
+  FreeBins* bins = lane_bins(slot, is_small(size));
+  if (!bins) return nullptr;
+  Block* block = FreeBlocks::take_best_fit_in(*bins, size);
+  if (!block) return nullptr;
+  const InLane in_lane{bins, lane};
+  block = place(block, size, requested, &in_lane);
+  debug_check_lane(lane);
+  return block;
+}
+
+Block* DeviceCore::malloc(std::size_t requested, StreamId stream, std::size_t at_least) {
+  // No device holds this much; refusing here also keeps the rounding from overflowing.
+  if (requested > SIZE_MAX - kLargeRounding) {
+    const WholeDevice whole(*this);
+    throw_oom(requested, requested);
+  }
+  const std::size_t size = std::max(round_size(requested), at_least);
+  if (LaneSlot* slot = d_.lanes.slot_of(stream)) {
+    if (Block* block = malloc_in_lane(*slot, size, requested)) return block;
+  }
+  return malloc_on_device(size, requested, stream);
+}
+
+[[gnu::noinline]] Block* DeviceCore::malloc_on_device(std::size_t size, std::size_t requested, StreamId stream) {
+  const WholeDevice whole(*this);
+  ++on_device_;
+  d_.lanes.add_stream(stream);  // before the stream's first block: its blocks' home is its lane's arena
+  // While a graph may be capturing, event queries are illegal; blocks wait until it ends, or
+  // until the capture graph shows they may be reused (core/capture_reuse.cpp).
+  if (!d_.capturing()) {
+    process_events();
+  } else {
+    while (Block* block = events_.take_followed(stream)) free_pending(block);
+  }
+  Request r{&pool_for(stream), is_small(size), stream, size};
+
+  d_.arena_for(stream).keep_one();  // as in the lanes: before a cached block leaves the free set
+  Block* block = try_cached(*r.pool, r);
+  if (block) return place(block, size, requested, nullptr);
+  measure_outside();
+  if (!fits_under(allocated(), size, d_.cap.budget())) throw_oom(requested, size);
+  block = sources_.serving(*r.pool).grow(r);
+  if (!block && r.pool == &d_.default_pool) block = d_.pools.take_for_oom(r.small, r.stream, r.size);
+  bool retried = false;
+  if (!block && release_.for_request(r)) {
+    retried = true;
+    block = sources_.serving(*r.pool).grow(r);
+  }
+  if (!block && !d_.capturing()) {
+    retried = true;
+    synchronize_and_process_events();
+    release_.all_unused();
+    block = try_cached(*r.pool, r);
+    if (!block) block = sources_.serving(*r.pool).grow(r);
+  }
+  if (retried) ++d_.stats.num_alloc_retries;
+  if (!block) throw_oom(requested, size, r.device_refused);
+  block = place(block, size, requested, nullptr);
+  if (release_.threshold() > 0.0) release_.apply_threshold();
+  return block;
+}
+
+LaneGates DeviceCore::lane_gates() const {
+  const bool capturing = d_.capturing();
+  return {!capturing && !events_.waiting() && !d_.stats.any_pending(),
+          !capturing && release_.threshold() == 0.0 && d_.cap.reserved() <= d_.cap.budget()};
+}
+
+FreeBins* DeviceCore::find_lane_bins(LaneSlot& slot, bool small) {
+  FreeBins* bins = d_.default_pool.blocks_for(small).existing_bins(slot.stream);
+  slot.bins[small ? 0 : 1] = bins;
+  return bins;
+}
+
+std::size_t DeviceCore::allocated() const {
+  return static_cast<std::size_t>(d_.stats.allocated_bytes()) + uncached_.bytes();
+}
+
+// Hands out the front of `block`, returning the rest to the pool where the block is worth cutting
+// (cuts()), and counts the hand-out: the one rule for it, on either path.
+// Inline in malloc: it runs on every allocation.
+[[gnu::always_inline]] inline Block* DeviceCore::place(Block* block, std::size_t size, std::size_t requested,
+                                                       const InLane* lane) {
+  const Segment& segment = *block->segment;
+  const bool small = segment.small;
+  const bool cut = cuts(*block, size);
+  const SplitChange split = split_change_of(*block, size, cut);
+  if (cut) {
+    Block* rest = split_block(block, size, lane ? lane->lane.arena : d_.arena_for(segment.stream));
+    if (lane) {
+      FreeBlocks::insert_into(*lane->bins, rest);
+    } else {
+      segment.pool->blocks_for(small).insert(rest);
+    }
+  }
+  block->allocated = true;
+  block->requested = requested;
+  {
+    LedgerGuard ledger(d_.lanes, lane != nullptr);
+    count_split(d_.stats, segment, split.blocks, split.bytes);
+    d_.stats.hand_out(small, block->size, requested);
+  }
+  if (!lane) debug_check();
+  return block;
+}
+
+void DeviceCore::throw_oom(std::size_t requested, std::size_t size, bool device_refused) {
+  ++d_.stats.num_ooms;
+  OomInfo info;
+  info.device = d_.device;
+  info.requested = requested;
+  info.allocated = allocated();
+  info.reserved = d_.cap.reserved();
+  info.limit = d_.cap.limit();
+  info.process_scope = scope_.scope() == LimitScope::kProcess;
+  info.outside = d_.cap.outside();
+  const MemInfo mem = d_.backend.mem_info(d_.device);
+  info.device_free = mem.free;
+  info.device_total = mem.total;
+  info.largest_free_block = largest_free_block();
+  if (device_refused) {
+    info.kind = OomKind::kDeviceFull;
+    ++d_.stats.num_ooms_device_full;
+  } else if (!fits_under(info.allocated, size, d_.cap.budget())) {
+    info.kind = OomKind::kOverLimit;
+    ++d_.stats.num_ooms_over_limit;
+  } else {
+    info.kind = OomKind::kFragmentation;
+    ++d_.stats.num_ooms_fragmentation;
+  }
+  throw OutOfMemoryError(info);
+}
+
+void DeviceCore::measure_outside() {
+  if (scope_.measure(d_)) release_.over_limit();  // what is outside may have grown past what reserved leaves it
+}
+
+// ---- free ----
+
+// The cached free of a stream with a lane: a block no other stream used, of the default pool,
+// while the lane is open (no capture, the limit not passed, no release threshold: nothing asks for
+// more than the free set).
+[[gnu::always_inline]] inline bool DeviceCore::free_in_lane(LaneSlot& slot, Block* block) {
+  LaneGuard guard(*slot.lane);
+  Lane& lane = guard.lane();
+  if (!lane.free_open || !block->allocated || !block->stream_uses.empty()) return false;
+  const Segment& segment = *block->segment;
+  if (segment.pool != &d_.default_pool) return false;
+  FreeBins* bins = lane_bins(slot, segment.small);
+  if (!bins) return false;
+  block->allocated = false;
+  const InLane in_lane{bins, lane};
+  free_block(block, &in_lane, true);
+  debug_check_lane(lane);
+  return true;
+}
+
+void DeviceCore::free(Block* block) {
+  if (LaneSlot* slot = d_.lanes.slot_of(block->stream); slot && free_in_lane(*slot, block)) return;
+  free_on_device(block);
+}
+
+[[gnu::noinline]] void DeviceCore::free_on_device(Block* block) {
+  const WholeDevice whole(*this);
+  ++on_device_;
+  if (!block->allocated) throw std::logic_error("gpumem: block freed twice or never allocated");
+  block->allocated = false;
+  if (block->stream_uses.empty()) {
+    release_.after_free(free_block(block, nullptr, true));
+    debug_check();
+    return;
+  }
+  const bool small = block->segment->small;
+  d_.stats.release(small, block->size);
+  d_.stats.pend(small, block->size);
+  if (!d_.capturing()) {
+    events_.wait_for(block);
+  } else {
+    events_.defer(block);
+  }
+  debug_check();
+}
+
+void DeviceCore::free_pending(Block* block) {
+  block->pending_events = 0;
+  d_.stats.retire(block->segment->small, block->size);
+  release_.after_free(free_block(block, nullptr, false));
+}
+
+// Back into the free set, merged with its free neighbours, and counted: the one rule for a free,
+// on either path.
+[[gnu::always_inline]] inline Block* DeviceCore::free_block(Block* block, const InLane* lane, bool released) {
+  const Segment& segment = *block->segment;  // `block` itself may be folded into its neighbour
+  const bool small = segment.small;
+  const std::size_t size = block->size;
+  const std::size_t requested = block->requested;
+  block->requested = 0;
+  FreeBlocks& blocks = segment.pool->blocks_for(small);
+  const Merge merge = merge_free_neighbours(block, blocks, lane ? lane->lane.arena : d_.arena_for(segment.stream));
+  const bool split = merge.block->is_split();  // the net change: the merged block if split, less the neighbours
+  const std::int64_t split_blocks = (split ? 1 : 0) - merge.absorbed_count;
+  const std::int64_t split_bytes =
+      static_cast<std::int64_t>(split ? merge.block->size : 0) - static_cast<std::int64_t>(merge.absorbed_bytes);
+  if (lane) {
+    FreeBlocks::insert_into(*lane->bins, merge.block);
+  } else {
+    blocks.insert(merge.block);
+  }
+  LedgerGuard ledger(d_.lanes, lane != nullptr);
+  if (released) d_.stats.release(small, size);
+  d_.stats.settle(small, requested);
+  count_split(d_.stats, segment, split_blocks, split_bytes);
+  return merge.block;
+}
+
+// ---- stream events ----
+
+void DeviceCore::process_events() {
+  if (!events_.waiting()) return;
+  for (Block* block : events_.take_done()) free_pending(block);
+}
+
+// Counted whether or not anything is pending: Note [what num_sync_all_streams counts] (core/release.h).
+void DeviceCore::synchronize_and_process_events() {
+  ++d_.stats.num_sync_all_streams;
+  if (!events_.waiting()) return;
+  d_.backend.synchronize(d_.device);
+  process_events();
+}
+
+// ---- caching off (core/uncached.h) ----
+
+void* DeviceCore::malloc_uncached(std::size_t requested) {
+  if (requested > SIZE_MAX - kMinBlockSize) throw_oom(requested, requested);
+  const std::size_t bytes = round_size(requested);
+  measure_outside();
+  if (!fits_under(allocated(), bytes, d_.cap.budget())) throw_oom(requested, bytes);
+  bool device_refused = false;
+  void* ptr = uncached_.reserve(d_.cap, bytes, device_refused);
+  if (!ptr && !d_.capturing()) {
+    synchronize_and_process_events();
+    release_.all_unused();
+    ptr = uncached_.reserve(d_.cap, bytes, device_refused);
+  }
+  if (!ptr) throw_oom(requested, bytes, device_refused);
+  debug_check();
+  return ptr;
+}
+
+bool DeviceCore::free_uncached(void* ptr) {
+  const bool freed = uncached_.release(d_.cap, ptr);
+  if (freed) debug_check();
+  return freed;
+}
+
+// ---- giving back, and private pools ----
+
+void DeviceCore::empty_cache(PoolId id) {
+  if (!id.is_default()) {
+    empty_pool_cache(id);
+  } else if (!d_.capturing()) {
+    synchronize_and_process_events();
+    release_.all_unused();
+  } else {
+    // A graph may be capturing: the default pool keeps its memory (freeing it would break the
+    // capture), as native does; pools nobody holds are not being captured into.
+    if (release_.unheld_pools_cache()) ++d_.stats.num_cache_releases;
+  }
+  d_.pools.erase_dead();
+  debug_check();
+}
+
+// empty_cache of one pool: only if nobody holds it. Blocks still waiting for other streams are
+// waited for first (outside a capture), so that what the program freed goes back; the wait is
+// counted even when nothing waits, as native counts it (Note [what num_sync_all_streams counts]).
+void DeviceCore::empty_pool_cache(PoolId id) {
+  const Pool* pool = d_.pools.unheld(id);
+  if (!pool) return;
+  if (!d_.capturing()) synchronize_and_process_events();
+  if (release_.pool_cache(*pool)) ++d_.stats.num_cache_releases;
+}
+
+void DeviceCore::end_target(PoolId id) {
+  d_.pools.end_target(id);
+  d_.pools.erase_dead();
+  if (d_.capturing()) return;
+  events_.end_capture();
+  release_.over_limit();
+}
+
+void DeviceCore::release_pool(PoolId id) {
+  if (!d_.pools.drop_holder(id)) return;
+  release_.over_limit();
+  d_.pools.erase_dead();
+  debug_check();
+}
+
+std::size_t DeviceCore::largest_free_block() const {
+  std::size_t largest = gpumem::largest_free_block(d_.default_pool);
+  d_.pools.for_each([&](const Pool& pool) { largest = std::max(largest, gpumem::largest_free_block(pool)); });
+  return largest;
+}
+
+}  // namespace gpumem

@@ -1,0 +1,163 @@
+// One device's caching allocator without its API: the fallback chain of malloc, the free path,
+// the cached paths of the lanes, and the parts they are made of. The facade (core/device_allocator.h)
+// takes the locks and calls in; every function here runs under the whole device (WholeDevice)
+// unless it says it runs under a lane.
+//
+// malloc is a chain of fallbacks, each tried only when the one before could not serve:
+//   1. a cached free block of the pool (best fit on the request's stream)
+//   2. a new segment within the cap (the normal size, else the smallest that holds the request)
+//   3. release cached free segments chosen by the release policy until the segment fits, retry
+//   4. synchronize the device, release every cached free segment, retry
+//   5. OutOfMemoryError saying which case it is: over the limit, device full, or fragmentation
+// A default-pool request that step 2 could not serve first tries the cached free blocks of held
+// use_on_oom pools (core/private_pools.h), before anything is released.
+//
+// The parts, each owning its state: what they share (DeviceState: cap, statistics, segments,
+// pools, lanes), the sources of new memory (Sources), the blocks waiting for other streams
+// (StreamEvents), memory handed out while caching is off (UncachedMemory), the releases
+// (CacheRelease) and the limit's scope (ProcessScope). The checker (core/invariants.cpp) reads them.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <stdexcept>
+
+#include "core/backend.h"
+#include "core/device_state.h"
+#include "core/errors.h"
+#include "core/process_scope.h"
+#include "core/release.h"
+#include "core/sources.h"
+#include "core/split_merge.h"
+#include "core/stream_events.h"
+#include "core/uncached.h"
+
+namespace gpumem {
+
+struct AllocatorConfig {
+  std::optional<std::size_t> limit;  // bytes; nullopt means the device's total
+  // In (0, 1]: once reserved passes this share of the limit, the oldest cached free segments are
+  // released until it is back under. 0 turns it off.
+  double release_threshold = 0.0;
+  // New memory comes from growable segments where the backend can map pages (the default), else
+  // from plain segments. See core/growable_segments.cpp.
+  bool growable = true;
+  LimitScope scope = LimitScope::kAllocator;
+};
+
+class DeviceCore;
+// Throws std::logic_error describing the first broken invariant (see block.h): of the whole device,
+// or, under one lane, of what the lane owns.
+void check_device(const DeviceCore& core);
+void check_lane(const DeviceCore& core, const Lane& lane);
+
+class DeviceCore {
+ public:
+  DeviceCore(Backend& backend, int device, const AllocatorConfig& config, DeviceAllocator* owner);
+  // Gives everything back, live blocks included, without throwing.
+  ~DeviceCore();
+  DeviceCore(const DeviceCore&) = delete;
+  DeviceCore& operator=(const DeviceCore&) = delete;
+
+  // The whole device for one call (core/lanes.h); letting it go opens or closes the lanes for what
+  // the call left: lane_gates().
+  class WholeDevice {
+   public:
+    explicit WholeDevice(const DeviceCore& core) : core_(core) { core_.d_.lanes.lock(); }
+    ~WholeDevice() { core_.d_.lanes.unlock(core_.lane_gates()); }
+    WholeDevice(const WholeDevice&) = delete;
+    WholeDevice& operator=(const WholeDevice&) = delete;
+
+   private:
+    const DeviceCore& core_;
+  };
+
+  // Take their own locks: the stream's lane where it can serve, else the whole device.
+  Block* malloc(std::size_t requested, StreamId stream, std::size_t at_least);
+  void free(Block* block);
+
+  void* malloc_uncached(std::size_t size);
+  bool free_uncached(void* ptr);
+  void empty_cache(PoolId pool);
+  void set_limit(std::size_t limit);
+  void set_scope(LimitScope scope);
+  void end_target(PoolId pool);
+  void release_pool(PoolId pool);
+  std::size_t largest_free_block() const;
+  // After every operation in builds with the checker compiled in (GPUMEM_CHECK_INVARIANTS).
+  void debug_check() const {
+#if GPUMEM_CHECK_INVARIANTS
+    check_device(*this);
+#endif
+  }
+
+ private:
+  friend class DeviceAllocator;  // the facade: reads the parts for its one-line calls
+  friend void check_device(const DeviceCore& core);
+  friend void check_lane(const DeviceCore& core, const Lane& lane);
+
+  // The cached path of a stream with a lane (core/lanes.h), under that lane only: nullptr, or
+  // false, changing nothing, where the request needs the whole device (the lane is closed: a
+  // capture, pending events, the limit passed, a release threshold; no cached block fits; another
+  // pool; stream uses).
+  inline Block* malloc_in_lane(LaneSlot& slot, std::size_t size, std::size_t requested);
+  inline bool free_in_lane(LaneSlot& slot, Block* block);
+  // The chain and the free under the whole device (what the lanes could not serve).
+  Block* malloc_on_device(std::size_t size, std::size_t requested, StreamId stream);
+  void free_on_device(Block* block);
+  // What the lanes may serve while nothing holds the whole device: a cached malloc while no graph
+  // captures and no block pends on a stream; a cached free while no graph captures, no release
+  // threshold is set and reserved is within the budget (nothing asks a free for more than the free
+  // set).
+  LaneGates lane_gates() const;
+  // The default pool's bins of the slot's stream, found once; nullptr if it has none yet.
+  FreeBins* lane_bins(LaneSlot& slot, bool small) {
+    FreeBins* bins = slot.bins[small ? 0 : 1];
+    return bins ? bins : find_lane_bins(slot, small);
+  }
+  FreeBins* find_lane_bins(LaneSlot& slot, bool small);
+  // place and free_block run on every cached malloc and free: inline, in device_core.cpp only.
+  // `lane`: the caller's lane and the bins of the block's stream there, whose statistics' events
+  // are written under the ledger's lock; nullptr under the whole device (the pool's set).
+  struct InLane {
+    FreeBins* bins;
+    Lane& lane;
+  };
+  inline Block* place(Block* block, std::size_t size, std::size_t requested, const InLane* lane);
+  // Back into the free set, merged with its free neighbours; returns the merged block. `released`:
+  // the caller's free, which also leaves allocation (a pending block left it already).
+  inline Block* free_block(Block* block, const InLane* lane, bool released);
+  void free_pending(Block* block);  // a freed block no stream uses any more
+  // `device_refused`: the device, not the cap, refused new memory for the request.
+  [[noreturn]] void throw_oom(std::size_t requested, std::size_t size, bool device_refused = false);
+  // Allocated blocks and uncached memory: what the cap is measured against.
+  std::size_t allocated() const;
+  // The pool a request on `stream` goes to: the default pool unless a pool target takes the stream.
+  Pool& pool_for(StreamId stream) { return d_.pools.target_for(stream, d_.default_pool); }
+  void measure_outside();
+  void process_events();
+  void synchronize_and_process_events();
+  void empty_pool_cache(PoolId id);
+  // The same as debug_check after a lane's cached path, under that lane only: what the lane owns
+  // (its streams' segments, their free bins, its arena's balance); the rest is checked under the
+  // whole device.
+  void debug_check_lane(const Lane& lane) const {
+#if GPUMEM_CHECK_INVARIANTS
+    check_lane(*this, lane);
+#else
+    (void)lane;
+#endif
+  }
+
+  DeviceState d_;
+  Sources sources_;
+  StreamEvents events_;
+  UncachedMemory uncached_;
+  CacheRelease release_;
+  ProcessScope scope_;
+  // The mallocs and frees that took the whole device: every other one was served in a lane. Counted
+  // here, on the slow path, so that the lanes' cached path counts nothing (for tests and benchmarks).
+  std::uint64_t on_device_ = 0;
+};
+
+}  // namespace gpumem
