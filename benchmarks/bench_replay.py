@@ -19,12 +19,28 @@ The top-level figures of each snapshot (min_limit, ...) are the growable ones, g
     python3 benchmarks/bench_replay.py [--data tests/python/data] [--out FILE]
 
 Prints a table, then the JSON record (also written to FILE).
+
+With --scaling, it measures instead how replay time grows with the trace's length: for each
+length (10,000, 100,000 and 1,000,000 events unless given), synthetic traces of two shapes are
+written as snapshot files and replayed with no limit, growable segments, one process:
+  - ramp: that many 2 MiB allocations, none freed (each one grows reserved past its high mark);
+  - churn: allocations of 512 B to 64 MiB (log-uniform, fixed seed) and frees of random live
+    blocks, about 1,000 live, half the events each (frees of large blocks leave free pages that
+    later growths recycle).
+For each it prints the seconds to load the file (gpumem.snapshot_file.load) and to replay it
+(gpumem.replay.replay), their sum per event, and that figure over the shortest trace's; then the
+process's CPU seconds for each part, which other processes on the machine do not inflate.
+
+    python3 benchmarks/bench_replay.py --scaling [LENGTH ...] [--out FILE]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import pathlib
+import pickle
+import random
+import tempfile
 import time
 
 from common import log, write_json
@@ -32,6 +48,9 @@ from common import log, write_json
 DATA = pathlib.Path(__file__).resolve().parents[1] / "tests" / "python" / "data"
 MiB = 1 << 20
 KINDS = ("growable", "plain")
+SCALING_LENGTHS = (10_000, 100_000, 1_000_000)
+SHAPES = ("ramp", "churn")
+BASE_ADDRESS = 0x7F00_0000_0000
 
 
 def measure_kind(snapshot, peak: int, kind: str) -> dict:
@@ -98,11 +117,94 @@ def table(snapshots: dict) -> str:
     return "\n".join(aligned(row) for row in rows)
 
 
+# ---- --scaling: replay time against trace length ----------------------------------------------
+
+
+def ramp_events(length: int) -> list[dict]:
+    return [{"action": "alloc", "addr": BASE_ADDRESS + i * 2 * MiB, "size": 2 * MiB, "stream": 0, "time_us": i}
+            for i in range(length)]
+
+
+def churn_events(length: int, live_target: int = 1000, seed: int = 25) -> list[dict]:
+    rng = random.Random(seed)
+    live: list[tuple[int, int]] = []  # (address, size)
+    events, next_addr = [], BASE_ADDRESS
+    for i in range(length):
+        if live and (len(live) >= 2 * live_target or (len(live) > live_target // 2 and rng.random() < 0.5)):
+            addr, size = live.pop(rng.randrange(len(live)))
+            events.append({"action": "free_completed", "addr": addr, "size": size, "stream": 0, "time_us": i})
+            continue
+        size = int(2 ** rng.uniform(9, 26)) // 512 * 512
+        live.append((next_addr, size))
+        events.append({"action": "alloc", "addr": next_addr, "size": size, "stream": 0, "time_us": i})
+        next_addr += -(-size // MiB) * MiB
+    return events
+
+
+def scaling_run(shape: str, length: int, directory: pathlib.Path) -> dict:
+    from gpumem import replay
+    from gpumem.snapshot_file import load
+
+    events = ramp_events(length) if shape == "ramp" else churn_events(length)
+    path = directory / f"{shape}-{length}.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [events]}, protocol=4))
+    del events
+    start, start_cpu = time.perf_counter(), time.process_time()
+    snapshot = load(path)
+    loaded, loaded_cpu = time.perf_counter(), time.process_time()
+    result = replay.replay(snapshot, "none")
+    done, done_cpu = time.perf_counter(), time.process_time()
+    if not result.fits or result.allocs_replayed + result.frees_replayed != length:
+        raise SystemExit(f"bench_replay: the {shape} trace of {length} events did not replay whole: {result.failure}")
+    return {"events": length, "file_bytes": path.stat().st_size, "load_s": loaded - start,
+            "replay_s": done - loaded, "total_s": done - start, "us_per_event": (done - start) / length * 1e6,
+            "load_cpu_s": loaded_cpu - start_cpu, "replay_cpu_s": done_cpu - loaded_cpu,
+            "total_cpu_s": done_cpu - start_cpu,
+            "peak_reserved": result.peak_reserved, "peak_allocated": result.peak_allocated}
+
+
+def scaling(lengths: list[int]) -> dict:
+    runs: dict[str, list[dict]] = {shape: [] for shape in SHAPES}
+    with tempfile.TemporaryDirectory(prefix="gpumem-bench-replay-") as tmp:
+        for length in sorted(lengths):
+            for shape in SHAPES:
+                log(f"replay scaling: {shape}, {length} events")
+                runs[shape].append(scaling_run(shape, length, pathlib.Path(tmp)))
+    for shape_runs in runs.values():
+        base = shape_runs[0]["us_per_event"]
+        for r in shape_runs:
+            r["per_event_over_shortest"] = r["us_per_event"] / base
+    return runs
+
+
+def scaling_table(runs: dict) -> str:
+    header = ("trace", "events", "file", "load s", "replay s", "total s", "us / event", "x shortest",
+              "CPU s: load", "replay", "total")
+    rows = [header] + [(shape, f"{r['events']:,}", f"{r['file_bytes'] / MiB:.1f} MiB", f"{r['load_s']:.2f}",
+                        f"{r['replay_s']:.2f}", f"{r['total_s']:.2f}", f"{r['us_per_event']:.2f}",
+                        f"{r['per_event_over_shortest']:.2f}", f"{r['load_cpu_s']:.2f}", f"{r['replay_cpu_s']:.2f}",
+                        f"{r['total_cpu_s']:.2f}")
+                       for shape, shape_runs in runs.items() for r in shape_runs]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join((row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:], widths[1:]))))
+                     for row in rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=pathlib.Path, default=DATA)
     parser.add_argument("--out", default="", help="write the JSON result here too")
+    parser.add_argument("--scaling", type=int, nargs="*", metavar="LENGTH",
+                        help="replay time against trace length instead (default lengths: 10000 100000 1000000)")
     args = parser.parse_args()
+    if args.scaling is not None:
+        lengths = args.scaling or list(SCALING_LENGTHS)
+        if any(n < 1 for n in lengths):
+            parser.error("--scaling: each length is a number of events, at least 1")
+        runs = scaling(lengths)
+        print(scaling_table(runs) + "\n")
+        write_json(args.out, {"scaling": runs, "segments": "growable", "limit": "none"})
+        return
     captured_path = args.data / "captured.json"
     captured = json.loads(captured_path.read_text()) if captured_path.exists() else {}
     snapshots = {}

@@ -122,6 +122,7 @@ class DeviceAllocator {
   void set_growable(bool on);
   // The backend's page size for growable segments; 0 where it cannot map pages.
   std::size_t page_size() const { return core_.sources_.growable.page_size(); }
+  std::uint64_t growable_blocks_visited() const { return core_.sources_.growable.blocks_visited(); }  // for tests
   // Whether a block freed during a capture while other streams used it may be reused before the
   // capture ends, once the capture graph shows those streams' work joined the block's stream
   // (torch's graph_capture_record_stream_reuse). Off by default, as in torch.

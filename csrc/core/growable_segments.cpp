@@ -29,6 +29,7 @@
 #include <cstdint>
 
 #include "core/errors.h"
+#include "core/largest_first.h"
 #include "core/split_merge.h"
 
 namespace gpumem {
@@ -192,6 +193,7 @@ std::vector<Block*> GrowableSegments::unmappable_blocks() const {
   std::vector<Block*> blocks;
   for (const Segment* s : growable) {
     for (Block* b = s->head; b; b = b->next) {
+      ++blocks_visited_;
       if (holds_free_page(b)) blocks.push_back(b);
     }
   }
@@ -210,18 +212,57 @@ std::size_t GrowableSegments::release(std::size_t bytes, ReleaseOrder order) {
   return unmap_until(blocks, bytes);
 }
 
-// The same over the free pages of one stream's segments, largest first, never those of `keep`. A block of a
-// stream's segment was last used on that stream (uses on others held it pending until their work
-// was done), so waiting for that stream suffices.
+// Design note [what a growth past the high mark looks at]. A growth past the high mark unmaps
+// free pages of its stream, largest free blocks first, until it has the pages it needs. Those
+// pages are inside the stream's cached blocks, and the free set already files every cached block
+// by stream and (size, address), kept in step on every path that frees, splits or merges (the
+// lanes' cached paths included). So the walk reads the blocks from there, largest first
+// (core/largest_first.h), and stops once it has the bytes or reaches a block smaller than a page,
+// which holds no whole page: no second index to keep in step with the first, nothing added to
+// the cached path, and no look at live blocks. Each step is O(log n) in the cached blocks; the
+// blocks looked at are those unmapped (each then leaves the cached set), the two kept, and the
+// cached blocks of at least a page that hold no whole page (under two pages, off the page
+// boundaries) or lie in plain segments of the default pool. A job that ramps up without freeing
+// looks at none. Among blocks of one size the lowest address goes first. Growable segments are
+// the default pool's only (serves()), so its free set is the one to read.
+//
+// The same over the free pages of one stream's segments, largest first, never those of `keep`. A
+// block of a stream's segment was last used on that stream (uses on others held it pending until
+// their work was done), so waiting for that stream suffices.
 std::size_t GrowableSegments::unmap_stream_pages(StreamId stream, std::size_t bytes, std::array<const Block*, 2> keep) {
   if (d_.capturing() || bytes == 0) return 0;
-  std::vector<Block*> blocks = unmappable_blocks();
-  const auto skipped = [&](const Block* b) { return b->stream != stream || b == keep[0] || b == keep[1]; };
-  blocks.erase(std::remove_if(blocks.begin(), blocks.end(), skipped), blocks.end());
-  if (blocks.empty()) return 0;
-  std::stable_sort(blocks.begin(), blocks.end(), larger);
+  Block* block = next_unmappable(stream, largest_first::kStart, keep);
+  if (!block) return 0;
   d_.backend.synchronize_stream(d_.device, stream);
-  return unmap_until(blocks, bytes);
+  std::size_t unmapped = 0;
+  while (block) {
+    const largest_first::Position at{block->size, block->addr};  // what stays of it is smaller than a page: after `at`
+    unmapped += unmap_block(block);
+    block = unmapped < bytes ? next_unmappable(stream, at, keep) : nullptr;
+  }
+  return unmapped;
+}
+
+// The cached block of `stream` after `at`, largest first, that holds a whole page of a growable
+// segment and is not kept; nullptr if none.
+Block* GrowableSegments::next_unmappable(StreamId stream, largest_first::Position at, std::array<const Block*, 2> keep) const {
+  for (Block* b = next_cached(stream, at); b && b->size >= page_size_; b = next_cached(stream, at)) {
+    ++blocks_visited_;
+    if (b != keep[0] && b != keep[1] && holds_free_page(b)) return b;
+    at = {b->size, b->addr};
+  }
+  return nullptr;
+}
+
+// The cached block of the default pool on `stream` after `at`, largest first, of either size class.
+Block* GrowableSegments::next_cached(StreamId stream, largest_first::Position at) const {
+  Block* next = nullptr;
+  for (const bool small : {false, true}) {
+    const FreeBins* bins = d_.default_pool.blocks_for(small).existing_bins(stream);
+    Block* b = bins ? largest_first::after(*bins, at) : nullptr;
+    if (b && (!next || largest_first::before(b, next))) next = b;
+  }
+  return next;
 }
 
 std::size_t GrowableSegments::unmap_until(const std::vector<Block*>& blocks, std::size_t bytes) {

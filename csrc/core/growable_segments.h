@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/largest_first.h"
 #include "core/memory_source.h"
 #include "core/plain_segments.h"
 
@@ -39,6 +40,9 @@ class GrowableSegments final : public MemorySource {
   void drop_empty() override;
   bool frees_memory(const Block& merged) const override { return holds_free_page(&merged); }
   void drop(const Segment& segment) noexcept override;
+  // Blocks the unmapping walks have looked at, ever: what a release or a growth past the high mark
+  // costs, for tests.
+  std::uint64_t blocks_visited() const { return blocks_visited_; }
 
  private:
   struct Growth {
@@ -54,6 +58,8 @@ class GrowableSegments final : public MemorySource {
   bool holds_free_page(const Block* block) const;
   std::vector<Block*> unmappable_blocks() const;
   std::size_t unmap_stream_pages(StreamId stream, std::size_t bytes, std::array<const Block*, 2> keep);
+  Block* next_unmappable(StreamId stream, largest_first::Position at, std::array<const Block*, 2> keep) const;
+  Block* next_cached(StreamId stream, largest_first::Position at) const;
   std::size_t unmap_until(const std::vector<Block*>& blocks, std::size_t bytes);
   void release_range(Segment* segment);
 
@@ -61,6 +67,7 @@ class GrowableSegments final : public MemorySource {
   PlainSegments& plain_;
   std::size_t page_size_ = 0;
   bool on_;  // asked for (in effect only if page_size_ > 0)
+  mutable std::uint64_t blocks_visited_ = 0;
 };
 
 }  // namespace gpumem

@@ -167,6 +167,43 @@ TEST_CASE("the free block a growth extends is not unmapped to make room for it",
   REQUIRE(sim.alloc.reserved() == 32 * MiB);
 }
 
+// ---- what a growth past the high mark costs ---------------------------------------------------
+// Counted in blocks the unmapping walk looks at (GrowableSegments::blocks_visited), not timed.
+
+TEST_CASE("growing past the high mark looks at no live block, however many there are", "[growable][high-mark][cost]") {
+  VmSim sim;
+  constexpr std::size_t kLive = 1000;  // one page each, never freed: every malloc grows past the high mark
+  for (std::size_t i = 0; i < kLive; ++i) sim.alloc.malloc(kPage, kStream0);
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.reserved() == kLive * kPage);
+  REQUIRE(sim.ledger().maps == kLive);
+  // A walk over every block of the segment would look at about kLive * kLive / 2 blocks.
+  REQUIRE(sim.alloc.growable_blocks_visited() <= kLive);
+}
+
+TEST_CASE("growing past the high mark looks at the free blocks it unmaps, not at every free block", "[growable][high-mark][cost]") {
+  VmSim sim;
+  constexpr std::size_t kHoles = 500;
+  std::vector<Block*> holes;
+  for (std::size_t i = 0; i < kHoles; ++i) {
+    holes.push_back(sim.alloc.malloc(2 * kPage, kStream0));
+    sim.alloc.malloc(kPage, kStream0);  // live between the holes: they never merge
+  }
+  for (Block* b : holes) sim.alloc.free(b);
+  const std::size_t high = sim.alloc.reserved();
+  // Each 3 pages, larger than any free block: the holes' pages serve it, two holes and then one
+  // (the page left over from the two) in turn.
+  constexpr std::size_t kGrowths = 100;
+  const std::uint64_t before = sim.alloc.growable_blocks_visited();
+  for (std::size_t i = 0; i < kGrowths; ++i) sim.alloc.malloc(3 * kPage, kStream0);
+  sim.alloc.check_invariants();
+  REQUIRE(sim.ledger().peak == high);
+  REQUIRE(sim.ledger().unmaps == kGrowths * 3 / 2);
+  // What it unmaps, and nothing else; a walk over the segment would look at 3 * kHoles blocks
+  // each time.
+  REQUIRE(sim.alloc.growable_blocks_visited() - before <= 2 * kGrowths);
+}
+
 // ---- the cap --------------------------------------------------------------------------------
 
 TEST_CASE("the cap counts mapped bytes: pages fit to the byte, and one byte more is refused", "[growable][cap]") {
