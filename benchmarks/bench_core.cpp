@@ -204,7 +204,7 @@ Figures measure(SimBackend& backend, Rings<Subject>& rings, const std::vector<co
   for (auto& ring : rings) ring->run(pairs_per_run);  // warm-up: the cache grows to what the sequence needs
   const std::uint64_t calls_before = backend_calls(backend);
   std::uint64_t on_device_before = 0;
-  for (const DeviceAllocator* a : allocs) on_device_before += a->lane_counts().on_device;
+  for (const DeviceAllocator* a : allocs) on_device_before += a->work_counts().on_device;
   std::vector<double> wall, cpu;
   for (int r = 0; r < kRuns; ++r) {
     const RunTime t = timed_run(rings);
@@ -220,7 +220,7 @@ Figures measure(SimBackend& backend, Rings<Subject>& rings, const std::vector<co
   f.aggregate_ns = f.wall_ns / static_cast<double>(rings.size());
   f.backend_share = static_cast<double>(backend_calls(backend) - calls_before) / pairs_all;
   std::uint64_t on_device = 0;
-  for (const DeviceAllocator* a : allocs) on_device += a->lane_counts().on_device;
+  for (const DeviceAllocator* a : allocs) on_device += a->work_counts().on_device;
   f.lane_share = 1.0 - static_cast<double>(on_device - on_device_before) / (2 * pairs_all);
   f.cache = cache_state(allocs);
   return f;

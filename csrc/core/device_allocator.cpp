@@ -112,11 +112,12 @@ void DeviceAllocator::reset_accumulated_stats() {
   core_.d_.stats.reset_accumulated();
 }
 
-LaneCounts DeviceAllocator::lane_counts() const {
+WorkCounts DeviceAllocator::work_counts() const {
   const WholeDevice whole(core_);
-  LaneCounts counts;
+  WorkCounts counts;
   counts.on_device = core_.on_device_;
   core_.d_.lanes.for_each_arena([&](const BlockArena& arena, int) { counts.blocks_made += arena.made(); });
+  counts.growable_blocks_visited = core_.sources_.growable.blocks_visited();
   return counts;
 }
 

@@ -44,13 +44,15 @@ struct SegmentInfo {
   std::vector<BlockInfo> blocks;
 };
 
-// How the lanes served, for tests and benchmarks: the mallocs and frees that took the whole device
-// (every other call was served by its stream's lane alone); and every Block the arenas made, spare
-// or in segments, the host memory the block lists hold (flat while the blocks in use are: every
-// Block keeps its home, core/lanes.h).
-struct LaneCounts {
+// How the work went, for tests and benchmarks: the mallocs and frees that took the whole device
+// (every other call was served by its stream's lane alone); every Block the arenas made, spare or
+// in segments, the host memory the block lists hold (flat while the blocks in use are: every Block
+// keeps its home, core/lanes.h); the blocks growable segments' unmapping walks looked at
+// (GrowableSegments::blocks_visited).
+struct WorkCounts {
   std::uint64_t on_device = 0;
   std::size_t blocks_made = 0;
+  std::uint64_t growable_blocks_visited = 0;
 };
 
 // A private pool's options (MemPool's). kNoSplit: its blocks are never split (it can only be
@@ -122,7 +124,6 @@ class DeviceAllocator {
   void set_growable(bool on);
   // The backend's page size for growable segments; 0 where it cannot map pages.
   std::size_t page_size() const { return core_.sources_.growable.page_size(); }
-  std::uint64_t growable_blocks_visited() const { return core_.sources_.growable.blocks_visited(); }  // for tests
   // Whether a block freed during a capture while other streams used it may be reused before the
   // capture ends, once the capture graph shows those streams' work joined the block's stream
   // (torch's graph_capture_record_stream_reuse). Off by default, as in torch.
@@ -136,7 +137,7 @@ class DeviceAllocator {
   DeviceStats stats() const;
   void reset_peak_stats();
   void reset_accumulated_stats();
-  LaneCounts lane_counts() const;
+  WorkCounts work_counts() const;
   std::size_t largest_free_block() const;  // the largest cached free block, in bytes
   MemInfo device_mem_info() { return core_.d_.backend.mem_info(core_.d_.device); }
   std::size_t device_total() const { return core_.d_.device_total; }

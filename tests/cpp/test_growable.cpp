@@ -178,7 +178,7 @@ TEST_CASE("growing past the high mark looks at no live block, however many there
   REQUIRE(sim.alloc.reserved() == kLive * kPage);
   REQUIRE(sim.ledger().maps == kLive);
   // A walk over every block of the segment would look at about kLive * kLive / 2 blocks.
-  REQUIRE(sim.alloc.growable_blocks_visited() <= kLive);
+  REQUIRE(sim.alloc.work_counts().growable_blocks_visited <= kLive);
 }
 
 TEST_CASE("growing past the high mark looks at the free blocks it unmaps, not at every free block", "[growable][high-mark][cost]") {
@@ -194,14 +194,14 @@ TEST_CASE("growing past the high mark looks at the free blocks it unmaps, not at
   // Each 3 pages, larger than any free block: the holes' pages serve it, two holes and then one
   // (the page left over from the two) in turn.
   constexpr std::size_t kGrowths = 100;
-  const std::uint64_t before = sim.alloc.growable_blocks_visited();
+  const std::uint64_t before = sim.alloc.work_counts().growable_blocks_visited;
   for (std::size_t i = 0; i < kGrowths; ++i) sim.alloc.malloc(3 * kPage, kStream0);
   sim.alloc.check_invariants();
   REQUIRE(sim.ledger().peak == high);
   REQUIRE(sim.ledger().unmaps == kGrowths * 3 / 2);
   // What it unmaps, and nothing else; a walk over the segment would look at 3 * kHoles blocks
   // each time.
-  REQUIRE(sim.alloc.growable_blocks_visited() - before <= 2 * kGrowths);
+  REQUIRE(sim.alloc.work_counts().growable_blocks_visited - before <= 2 * kGrowths);
 }
 
 // ---- the cap --------------------------------------------------------------------------------

@@ -146,7 +146,7 @@ void compare_lanes_with_whole_device(bool growable, bool reset_each_step) {
     lanes_sim.alloc.free(a);
     whole_sim.alloc.free(b);
   }
-  const std::uint64_t whole_on_device_before = whole_sim.alloc.lane_counts().on_device;  // the other streams'
+  const std::uint64_t whole_on_device_before = whole_sim.alloc.work_counts().on_device;  // the other streams'
   std::uint64_t whole_calls = 0;
 
   std::mt19937_64 rng(growable ? 7 : 8);
@@ -156,11 +156,11 @@ void compare_lanes_with_whole_device(bool growable, bool reset_each_step) {
   std::uint64_t cached_calls = 0, served_cached = 0;
   const auto call = [&](auto&& run) {
     const std::size_t reserved = lanes_sim.alloc.reserved();
-    const std::uint64_t on_device = lanes_sim.alloc.lane_counts().on_device;
+    const std::uint64_t on_device = lanes_sim.alloc.work_counts().on_device;
     run();
     if (lanes_sim.alloc.reserved() == reserved) {
       ++cached_calls;
-      served_cached += 1 - (lanes_sim.alloc.lane_counts().on_device - on_device);
+      served_cached += 1 - (lanes_sim.alloc.work_counts().on_device - on_device);
     }
   };
   for (int op = 0; op < 6000; ++op) {
@@ -203,7 +203,7 @@ void compare_lanes_with_whole_device(bool growable, bool reset_each_step) {
   REQUIRE(cached_calls > 4000);
   REQUIRE(served_cached * 100 >= cached_calls * 95);
   // The test streams have no lane there: every call took the whole device.
-  REQUIRE(whole_sim.alloc.lane_counts().on_device - whole_on_device_before == whole_calls);
+  REQUIRE(whole_sim.alloc.work_counts().on_device - whole_on_device_before == whole_calls);
   lanes_sim.alloc.check_invariants();
   for (const auto& [a, b] : live) {
     lanes_sim.alloc.free(a);
@@ -352,7 +352,7 @@ auto growth_by(Read read, Run run) {
 // How many of the `calls` calls `run` makes the lanes served (the others took the whole device).
 template <class Run>
 std::uint64_t served_in_lanes_by(Sim& sim, Run run, std::uint64_t calls = 2) {
-  return calls - growth_by([&] { return sim.alloc.lane_counts().on_device; }, run);
+  return calls - growth_by([&] { return sim.alloc.work_counts().on_device; }, run);
 }
 
 // A cached malloc and free of 4 MiB on stream 1: both served in its lane while it is open.
@@ -436,7 +436,7 @@ namespace {
 // Host memory of the block lists: what `run` made the arenas add.
 template <class Run>
 std::size_t blocks_made_by(Sim& sim, Run run) {
-  return growth_by([&] { return sim.alloc.lane_counts().blocks_made; }, run);
+  return growth_by([&] { return sim.alloc.work_counts().blocks_made; }, run);
 }
 
 }  // namespace
