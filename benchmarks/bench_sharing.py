@@ -73,6 +73,7 @@ def job_main() -> None:
             text = str(error)
             at = text.find("Sharing the GPU")
             reply = {"ok": False, "error": text.splitlines()[0][:400], "sharing_note": text[at:at + 600] if at >= 0 else ""}
+        t = None  # the loop's own reference: a tensor lives only in `tensors`, so "free" frees it
         reply.update(figures(torch, gpumem_on))
         print(json.dumps(reply), flush=True)
 
