@@ -1,3 +1,4 @@
+// Raw allocations by address (core/address_table.h): taking an entry out, and growing the table.
 #include "core/address_table.h"
 
 namespace gpumem {

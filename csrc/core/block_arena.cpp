@@ -1,3 +1,4 @@
+// Where Block objects come from (core/block_arena.h): growing the arena, and counting what it made and keeps spare.
 #include "core/block_arena.h"
 
 namespace gpumem {

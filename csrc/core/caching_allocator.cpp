@@ -1,3 +1,4 @@
+// All devices of one backend (core/caching_allocator.h): making devices on first use, the deferred setup, free by address.
 #include "core/caching_allocator.h"
 
 #include <algorithm>

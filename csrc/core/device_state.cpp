@@ -1,3 +1,4 @@
+// What the parts of one device share (core/device_state.h): filing and forgetting segments in the segment table.
 #include "core/device_state.h"
 
 #include <stdexcept>

@@ -1,3 +1,4 @@
+// Typed errors and the out-of-memory message made from their fields (core/errors.h).
 #include "core/errors.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// The free set (core/free_set.h): the out-of-line half (the slow best fit, bins made on first use, walks, counts, the checker's check).
 #include "core/free_set.h"
 
 #include <algorithm>

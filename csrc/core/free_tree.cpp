@@ -1,3 +1,4 @@
+// The red-black tree of one size class (core/free_tree.h): rebalancing, out of line.
 #include "core/free_tree.h"
 
 namespace gpumem::free_tree {

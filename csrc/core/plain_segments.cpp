@@ -1,3 +1,4 @@
+// Plain segments (core/plain_segments.h): getting one from the pool's source, and giving unused ones back.
 #include "core/plain_segments.h"
 
 #include "core/errors.h"

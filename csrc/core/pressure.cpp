@@ -1,3 +1,4 @@
+// Pressure watches (core/pressure.h): setting watches and their marks, and counting crossings of a share of the limit.
 #include "core/pressure.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// Which cached segments go back to the device for a request (core/release_policy.h).
 #include "core/release_policy.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// The statistics ledger (core/stats.h): snapshots and resets.
 #include "core/stats.h"
 
 #include <tuple>
