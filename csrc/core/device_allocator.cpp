@@ -35,13 +35,9 @@ void DeviceAllocator::empty_cache(PoolId pool) {
 // ---- the limit ----
 
 void DeviceAllocator::set_limit(std::optional<std::size_t> limit) {
-  const std::size_t total = device_total();
-  if (limit && *limit > total) {
-    throw LimitSpecError("gpumem: limit of " + format_bytes(*limit) + " is above device " + std::to_string(device()) +
-                         "'s total of " + format_bytes(total) + ". " + kLimitForms);
-  }
+  check_limit_fits(limit, device(), device_total());
   const WholeDevice whole(core_);
-  core_.set_limit(limit.value_or(total));
+  core_.set_limit(limit.value_or(device_total()));
 }
 
 void DeviceAllocator::set_limit(std::string_view spec) {
@@ -78,8 +74,7 @@ void DeviceAllocator::watch_pressure(int slot, double share) {
 }
 
 void DeviceAllocator::set_release_threshold(double share) {
-  check_release_threshold(share);
-  const WholeDevice whole(core_);
+  const WholeDevice whole(core_);  // CacheRelease::set_threshold checks the share before it changes anything
   core_.release_.set_threshold(share);
 }
 

@@ -46,6 +46,12 @@ Block* try_cached(Pool& pool, const Request& r) { return pool.blocks_for(r.small
 
 }  // namespace
 
+void check_limit_fits(std::optional<std::size_t> limit, int device, std::size_t total) {
+  if (!limit || *limit <= total) return;
+  throw LimitSpecError("gpumem: limit of " + format_bytes(*limit) + " is above device " + std::to_string(device) +
+                       "'s total of " + format_bytes(total) + ". " + kLimitForms);
+}
+
 DeviceCore::DeviceCore(Backend& backend, int device, const AllocatorConfig& config, DeviceAllocator* owner)
     : d_(backend, device, owner),
       sources_(d_, config.growable),
@@ -54,10 +60,7 @@ DeviceCore::DeviceCore(Backend& backend, int device, const AllocatorConfig& conf
       release_(d_, sources_, config.release_threshold),
       scope_(config.scope) {  // measured at the first growth: the backend is not asked yet
   d_.device_total = d_.backend.total_memory(device);
-  if (config.limit && *config.limit > d_.device_total) {
-    throw LimitSpecError("gpumem: limit of " + format_bytes(*config.limit) + " is above device " +
-                         std::to_string(device) + "'s total of " + format_bytes(d_.device_total));
-  }
+  check_limit_fits(config.limit, device, d_.device_total);
   d_.cap.set_limit(config.limit.value_or(d_.device_total));
   sources_.growable.set_page_size(d_.backend.page_size(device));  // the backend is asked once the config holds
 }

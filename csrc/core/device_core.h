@@ -45,6 +45,10 @@ struct AllocatorConfig {
   LimitScope scope = LimitScope::kAllocator;
 };
 
+// Throws LimitSpecError if `limit` is above `total`, the device's memory: the one check of a limit
+// against the device, at construction and at set_limit.
+void check_limit_fits(std::optional<std::size_t> limit, int device, std::size_t total);
+
 class DeviceCore;
 // Throws std::logic_error describing the first broken invariant (see block.h): of the whole device,
 // or, under one lane, of what the lane owns.
