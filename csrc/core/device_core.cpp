@@ -87,7 +87,7 @@ DeviceCore::~DeviceCore() {
   if (!bins) return nullptr;
   Block* block = FreeBlocks::take_best_fit_in(*bins, size);
   if (!block) return nullptr;
-  const InLane in_lane{bins, lane};
+  const InLane in_lane{bins, lane, d_.lane_ledgers.enter(d_.lanes, lane, d_.stats)};
   block = place(block, size, requested, &in_lane);
   debug_check_lane(lane);
   return block;
@@ -182,11 +182,9 @@ std::size_t DeviceCore::allocated() const {
   }
   block->allocated = true;
   block->requested = requested;
-  {
-    LedgerGuard ledger(d_.lanes, lane != nullptr);
-    count_split(d_.stats, segment, split.blocks, split.bytes);
-    d_.stats.hand_out(small, block->size, requested);
-  }
+  StatLedger& stats = lane ? lane->stats : d_.stats;
+  count_split(stats, segment, split.blocks, split.bytes);
+  stats.hand_out(small, block->size, requested);
   if (!lane) debug_check();
   return block;
 }
@@ -237,7 +235,7 @@ void DeviceCore::measure_outside() {
   FreeBins* bins = lane_bins(slot, segment.small);
   if (!bins) return false;
   block->allocated = false;
-  const InLane in_lane{bins, lane};
+  const InLane in_lane{bins, lane, d_.lane_ledgers.enter(d_.lanes, lane, d_.stats)};
   free_block(block, &in_lane, true);
   debug_check_lane(lane);
   return true;
@@ -294,10 +292,10 @@ void DeviceCore::free_pending(Block* block) {
   } else {
     blocks.insert(merge.block);
   }
-  LedgerGuard ledger(d_.lanes, lane != nullptr);
-  if (released) d_.stats.release(small, size);
-  d_.stats.settle(small, requested);
-  count_split(d_.stats, segment, split_blocks, split_bytes);
+  StatLedger& stats = lane ? lane->stats : d_.stats;
+  if (released) stats.release(small, size);
+  stats.settle(small, requested);
+  count_split(stats, segment, split_blocks, split_bytes);
   return merge.block;
 }
 

@@ -65,15 +65,20 @@ class DeviceCore {
 
   // The whole device for one call (core/lanes.h); letting it go opens or closes the lanes for what
   // the call left: lane_gates().
+  // Taking it, the device's ledger takes in the lanes' (core/lane_ledgers.h): that changes how the
+  // figures are kept, not what they are, so a const call may take it too.
   class WholeDevice {
    public:
-    explicit WholeDevice(const DeviceCore& core) : core_(core) { core_.d_.lanes.lock(); }
+    explicit WholeDevice(const DeviceCore& core) : core_(const_cast<DeviceCore&>(core)) {
+      core_.d_.lanes.lock();
+      core_.d_.lane_ledgers.take_in(core_.d_.lanes, core_.d_.stats);
+    }
     ~WholeDevice() { core_.d_.lanes.unlock(core_.lane_gates()); }
     WholeDevice(const WholeDevice&) = delete;
     WholeDevice& operator=(const WholeDevice&) = delete;
 
    private:
-    const DeviceCore& core_;
+    DeviceCore& core_;
   };
 
   // Take their own locks: the stream's lane where it can serve, else the whole device.
@@ -121,11 +126,12 @@ class DeviceCore {
   }
   FreeBins* find_lane_bins(LaneSlot& slot, bool small);
   // place and free_block run on every cached malloc and free: inline, in device_core.cpp only.
-  // `lane`: the caller's lane and the bins of the block's stream there, whose statistics' events
-  // are written under the ledger's lock; nullptr under the whole device (the pool's set).
+  // `lane`: the caller's lane, the bins of the block's stream there, and the ledger its events go
+  // to (the lane's own); nullptr under the whole device (the pool's set, the device's ledger).
   struct InLane {
     FreeBins* bins;
     Lane& lane;
+    StatLedger& stats;
   };
   inline Block* place(Block* block, std::size_t size, std::size_t requested, const InLane* lane);
   // Back into the free set, merged with its free neighbours; returns the merged block. `released`:

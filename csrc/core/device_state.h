@@ -15,6 +15,7 @@
 
 #include "core/backend.h"
 #include "core/block.h"
+#include "core/lane_ledgers.h"
 #include "core/lanes.h"
 #include "core/cap.h"
 #include "core/pool.h"
@@ -49,8 +50,9 @@ struct DeviceState {
   std::size_t device_total = 0;
   BackendSource backend_source;  // the default pool's source, and of pools without one
   Cap cap;
-  StatLedger stats;
+  StatLedger stats;  // exact under the whole device: it takes in the lanes' when that is taken
   mutable DeviceLock lanes;  // the device's locks, and the arenas of the Blocks (core/lanes.h)
+  LaneLedgers lane_ledgers;  // when `stats` takes in the lanes' own (core/lane_ledgers.h)
   Pool default_pool;
   PrivatePools pools;
   std::map<std::uintptr_t, std::unique_ptr<Segment>> segments;  // by address

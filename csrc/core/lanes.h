@@ -8,10 +8,9 @@
 // and a Block arena. The cached path (DeviceCore::malloc_in_lane, free_in_lane) takes only its
 // stream's lane, so threads on different streams do not wait for each other's splits and merges.
 //
-// The statistics are one ledger (core/stats.h), written by the cached path under the ledger's own
-// lock, held only for the events of one call: so every figure, peaks included, is exact at every
-// moment, whatever the lanes do, and no other list of figures exists. The whole device needs no
-// ledger lock: it holds every lane, and a lane takes the ledger lock only while it holds itself.
+// The statistics' events of the cached path go to the lane's own StatLedger, which the device's
+// ledger takes in whenever the whole device is taken (core/lane_ledgers.h): one kind of ledger,
+// one set of rules, and no statistic that two lanes write.
 //
 // Blocks have one home: the arena of their stream's lane, or the device's arena for a stream
 // without a lane (arena_for). A block's stream never changes, so whichever path makes or recycles a
@@ -23,7 +22,7 @@
 // exactly as under one lock per device. Its owner says, when it lets the whole device go, whether
 // each lane's cached malloc and free may run (unlock(LaneGates)): what decides that changes only
 // under the whole device, so it is stable while a lane is held. Lock order: the device, then the
-// lanes in index order, then the ledger's lock; a lane holder takes only the ledger's lock.
+// lanes in index order; a lane holder may only try another lane's lock (core/lane_ledgers.h).
 //
 // Streams get slots in the order they first allocate, up to kSlots; slot i uses lane i % kLanes,
 // so the first kLanes streams never share a lane. A stream without a slot (more than kSlots
@@ -39,18 +38,21 @@
 #include "core/block.h"
 #include "core/block_arena.h"
 #include "core/lock.h"
+#include "core/stats.h"
 
 namespace gpumem {
 
-// One stream's share of the cached path: its lock, whether the cached path may run, and the arena
-// of its blocks.
+// One stream's share of the cached path: its lock, whether the cached path may run, the arena
+// of its blocks, and the statistics its cached calls changed (core/lane_ledgers.h).
 struct alignas(128) Lane {
   Lock lock;
   // Set whenever the whole device is let go (DeviceLock::unlock): whether a cached malloc, and a
   // cached free, may run in the lane now (LaneGates).
   bool malloc_open = false;
   bool free_open = false;
+  int index = 0;
   BlockArena arena;
+  StatLedger stats;
 };
 
 // A stream with a lane, its lane, and the default pool's free bins of that stream, found once
@@ -73,8 +75,10 @@ class DeviceLock {
   static constexpr int kSlots = 32;
 
   DeviceLock() {
+    for (int i = 0; i < kLanes; ++i) lanes_[i].index = i;
     for (int i = 0; i < kSlots; ++i) slots_[i].lane = &lanes_[i % kLanes];
   }
+  static_assert(kLanes <= StatLedger::kMaxParts, "the device's ledger takes in every lane's at once");
   DeviceLock(const DeviceLock&) = delete;
   DeviceLock& operator=(const DeviceLock&) = delete;
 
@@ -91,8 +95,7 @@ class DeviceLock {
     for (int i = kLanes - 1; i >= 0; --i) lanes_[i].lock.unlock();
     device_.unlock();
   }
-  // Held by a lane's cached path for the statistics' events of one call.
-  Lock& ledger_lock() { return ledger_; }
+  Lane& lane(int index) { return lanes_[index]; }
 
   // The slot of `stream`, or nullptr if it has none. Takes no lock.
   LaneSlot* slot_of(StreamId stream) {
@@ -134,7 +137,6 @@ class DeviceLock {
   LaneSlot slots_[kSlots];
   std::atomic<int> count_{0};
   BlockArena device_arena_;  // the blocks of streams without a lane
-  alignas(64) Lock ledger_;
 };
 
 // Holds one lane for the cached path.
@@ -148,23 +150,6 @@ class LaneGuard {
 
  private:
   Lane& lane_;
-};
-
-// Holds the ledger's lock where the caller is a lane's cached path (`in_lane`); under the whole
-// device nothing else writes the ledger, and it holds nothing.
-class LedgerGuard {
- public:
-  LedgerGuard(DeviceLock& lanes, bool in_lane) : lock_(in_lane ? &lanes.ledger_lock() : nullptr) {
-    if (lock_) lock_->lock();
-  }
-  ~LedgerGuard() {
-    if (lock_) lock_->unlock();
-  }
-  LedgerGuard(const LedgerGuard&) = delete;
-  LedgerGuard& operator=(const LedgerGuard&) = delete;
-
- private:
-  Lock* lock_;
 };
 
 }  // namespace gpumem

@@ -33,6 +33,47 @@ void StatLedger::Figure::reset_accumulated() {
   decreased[0] = decreased[1] = 0;
 }
 
+void StatLedger::Figure::take_in(Figure* const* parts, int count) {
+  std::int64_t rise[2] = {0, 0};
+  std::int64_t whole_rise = 0;
+  for (int i = 0; i < count; ++i) {
+    rise[0] += parts[i]->peak[0];
+    rise[1] += parts[i]->peak[1];
+    whole_rise += parts[i]->whole_peak;
+  }
+  peak[0] = larger(peak[0], current[0] + rise[0]);
+  peak[1] = larger(peak[1], current[1] + rise[1]);
+  whole_peak = larger(whole_peak, whole() + whole_rise);
+  for (int i = 0; i < count; ++i) {
+    Figure& part = *parts[i];
+    for (int t = 0; t < 2; ++t) {
+      current[t] += part.current[t];
+      decreased[t] += part.decreased[t];
+    }
+    part = Figure{};
+  }
+}
+
+void StatLedger::take_in(StatLedger* const* lanes, int count) {
+  Figure* parts[kMaxParts] = {};
+  auto take = [&](Figure& mine, Figure StatLedger::*figure) {
+    for (int i = 0; i < count; ++i) parts[i] = &(lanes[i]->*figure);
+    mine.take_in(parts, count);
+  };
+#define GPUMEM_TAKE_IN_FIGURE(name, help) take(name##_, &StatLedger::name##_);
+  GPUMEM_STAT_ARRAYS(GPUMEM_TAKE_IN_FIGURE)
+#undef GPUMEM_TAKE_IN_FIGURE
+  take(pending_, &StatLedger::pending_);
+  take(pending_bytes_, &StatLedger::pending_bytes_);
+  for (int i = 0; i < count; ++i) {
+#define GPUMEM_TAKE_IN_COUNTER(name, help) \
+  name += lanes[i]->name;                  \
+  lanes[i]->name = 0;
+    GPUMEM_STAT_COUNTERS(GPUMEM_TAKE_IN_COUNTER)
+#undef GPUMEM_TAKE_IN_COUNTER
+  }
+}
+
 void StatLedger::note_active_peak(int t) {
   for (auto [own, allocated, pending] : {std::tuple<Figure*, const Figure*, const Figure*>{&active_, &allocation_, &pending_},
                                          {&active_bytes_, &allocated_bytes_, &pending_bytes_}}) {

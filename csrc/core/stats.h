@@ -97,7 +97,11 @@ inline void increase_stat(StatArray& stat, bool small_pool, std::int64_t amount)
 //     pending: then hand_out raises a peak of its own (in active_), and the read takes the larger.
 //     Active only grows at hand_out, so that is exact.
 // One branch per event picks the pool. The counters (num_*) are plain fields, as in DeviceStats.
-// Written under the whole device, or by a lane's cached path under the ledger's lock (core/lanes.h).
+//
+// A device keeps one ledger, written under the whole device, and each lane one more, written by
+// the lane's cached path under the lane's lock: what its events moved since the device's ledger
+// last took it in (take_in), so each of its currents is a change, and each peak the highest that
+// change reached (core/lane_ledgers.h says when they are taken in, and what a peak then is).
 class StatLedger {
  public:
   // A block handed out to a caller: allocated and active; `requested` bytes asked for.
@@ -160,6 +164,12 @@ class StatLedger {
   std::int64_t reserved_bytes() const { return reserved_bytes_.whole(); }
 
   DeviceStats snapshot() const;
+  // Takes in the changes `lanes` hold (ledgers of lanes, as above) and clears them: every current
+  // and accumulated figure moves by the sum of theirs; a peak becomes at least the current before
+  // plus the sum of the lanes' highest changes (exact where one lane has changes: their order is
+  // its own; with several, the highest the whole could have reached).
+  static constexpr int kMaxParts = 16;  // the most ledgers take_in takes at once
+  void take_in(StatLedger* const* lanes, int count);
   void reset_peak();
   void reset_accumulated();  // the accumulated figures and the counters
 
@@ -199,6 +209,7 @@ class StatLedger {
     StatArray read() const;
     void reset_peak();
     void reset_accumulated();
+    void take_in(Figure* const* parts, int count);
   };
   static int pool(bool small) { return small ? 0 : 1; }
   void note_active_peak(int t);

@@ -492,3 +492,66 @@ TEST_CASE("training-like steps with a peak reset each step make no Blocks after 
     sim.alloc.check_invariants();
   }
 }
+
+// The lanes' ledgers on their own (core/lane_ledgers.h): a lane that finds another lane's changes
+// not yet taken in takes them in when that lane is idle, so the peak stays exact; when that lane
+// is busy, the peak taken in is the highest the two together could have reached.
+TEST_CASE("a lane takes in an idle lane's changes first; with a busy one the peak is the highest both could reach",
+          "[lanes][stats]") {
+  DeviceLock lanes;
+  LaneLedgers ledgers;
+  StatLedger device;
+  Lane& a = lanes.lane(0);
+  Lane& b = lanes.lane(1);
+  // Lane a hands out 100 KiB and takes it back; lane b then hands out 60 KiB and holds it.
+  auto rise_and_fall_in_a = [&] {
+    LaneGuard guard(a);
+    StatLedger& stats = ledgers.enter(lanes, a, device);
+    stats.hand_out(false, 100 * KiB, 100 * KiB);
+    stats.release(false, 100 * KiB);
+    stats.settle(false, 100 * KiB);
+  };
+  auto hold_in_b = [&] {
+    LaneGuard guard(b);
+    ledgers.enter(lanes, b, device).hand_out(false, 60 * KiB, 60 * KiB);
+  };
+  auto take_in = [&] {
+    lanes.lock();
+    ledgers.take_in(lanes, device);
+    lanes.unlock({true, true});
+    return device.snapshot();
+  };
+  SECTION("lane a idle when b starts: exact") {
+    rise_and_fall_in_a();
+    hold_in_b();
+    const DeviceStats s = take_in();
+    REQUIRE(s.allocated_bytes[kAll].current == static_cast<I>(60 * KiB));
+    REQUIRE(s.allocated_bytes[kAll].peak == static_cast<I>(100 * KiB));
+    REQUIRE(s.allocated_bytes[kLargePool].peak == static_cast<I>(100 * KiB));
+    REQUIRE(s.allocation[kAll].peak == 1);
+    REQUIRE(s.allocated_bytes[kAll].allocated == static_cast<I>(160 * KiB));
+    REQUIRE(s.allocated_bytes[kAll].freed == static_cast<I>(100 * KiB));
+  }
+  SECTION("lane a busy when b starts: the peak is both lanes' highest rises together") {
+    rise_and_fall_in_a();
+    a.lock.lock();  // a thread is in lane a now
+    hold_in_b();
+    a.lock.unlock();
+    DeviceStats s = take_in();
+    REQUIRE(s.allocated_bytes[kAll].current == static_cast<I>(60 * KiB));
+    REQUIRE(s.allocated_bytes[kAll].peak == static_cast<I>(160 * KiB));
+    REQUIRE(s.allocation[kAll].peak == 2);
+    REQUIRE(s.allocated_bytes[kAll].allocated == static_cast<I>(160 * KiB));
+    // After the whole device ran, the lanes are exact again: a rises by 100 KiB over b's 60 KiB.
+    device.reset_peak();
+    rise_and_fall_in_a();
+    s = take_in();
+    REQUIRE(s.allocated_bytes[kAll].peak == static_cast<I>(160 * KiB));
+    device.reset_peak();
+    hold_in_b();
+    rise_and_fall_in_a();
+    s = take_in();
+    REQUIRE(s.allocated_bytes[kAll].current == static_cast<I>(120 * KiB));
+    REQUIRE(s.allocated_bytes[kAll].peak == static_cast<I>(220 * KiB));
+  }
+}
