@@ -163,11 +163,21 @@ std::optional<std::pair<std::uintptr_t, std::size_t>> DeviceAllocator::segment_o
   return stretch;
 }
 
+// Reads only the blocks of the block's stream, so its lane is enough where it has one: what else
+// changes them (the whole device) holds every lane. A recorded malloc asks this after each call,
+// and threads on other streams go on meanwhile.
 bool DeviceAllocator::heads_a_split(const Block* block) const {
+  const auto read = [block] {
+    const bool starts = block->prev == nullptr || !block->prev->mapped;
+    // Free mapped neighbours always merge, so a cached block right behind is the rest of a split.
+    return starts && block->next != nullptr && block->next->is_cached();
+  };
+  if (LaneSlot* slot = core_.d_.lanes.slot_of(block->stream)) {
+    const LaneGuard lane(*slot->lane);
+    return read();
+  }
   const WholeDevice whole(core_);
-  const bool starts = block->prev == nullptr || !block->prev->mapped;
-  // Free mapped neighbours always merge, so a cached block right behind is the rest of a split.
-  return starts && block->next != nullptr && block->next->is_cached();
+  return read();
 }
 
 // ---- private pools ----

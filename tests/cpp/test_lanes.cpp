@@ -555,3 +555,31 @@ TEST_CASE("a lane takes in an idle lane's changes first; with a busy one the pea
     REQUIRE(s.allocated_bytes[kAll].peak == static_cast<I>(220 * KiB));
   }
 }
+
+TEST_CASE("a block split off the front of a free block heads a split; the one cut after it does not", "[lanes]") {
+  Sim sim;
+  Block* first = sim.alloc.malloc(64 * KiB, kStream1);  // a new small segment, cut: the rest follows
+  REQUIRE(sim.alloc.heads_a_split(first));
+  Block* second = sim.alloc.malloc(64 * KiB, kStream1);  // cut from the rest, behind `first`
+  REQUIRE_FALSE(sim.alloc.heads_a_split(second));
+  sim.alloc.free(first);
+  sim.alloc.free(second);
+}
+
+TEST_CASE("whether a block heads a split is read right while another stream allocates and frees in its lane", "[lanes][threads]") {
+  Sim sim;
+  Block* mine = sim.alloc.malloc(64 * KiB, kStream2);
+  std::atomic<bool> done{false};
+  std::thread other([&] {
+    for (int i = 0; i < 20000; ++i) sim.alloc.free(sim.alloc.malloc(128 * KiB, kStream1));
+    done = true;
+  });
+  std::uint64_t asked = 0;
+  while (!done) {
+    REQUIRE(sim.alloc.heads_a_split(mine));
+    ++asked;
+  }
+  other.join();
+  REQUIRE(asked > 0);
+  sim.alloc.free(mine);
+}
