@@ -268,13 +268,26 @@ void bench_one_thread_by_address(const Figures& one) {
   print("1 thread, by address", f, against, nullptr);
 }
 
-void bench_two_streams(const Figures& one) {
+// `threads` threads on streams of their own of one device: two are held to the target; more are
+// printed against one thread with no target of their own (the host's cores and its memory
+// system set what is reachable).
+void bench_own_streams(const Figures& one, int threads) {
   SimBackend backend(kCapacity);
   DeviceAllocator alloc(backend, 0, kNoLimit);
   Rings<ByBlock> rings;
-  rings.push_back(std::make_unique<Ring<ByBlock>>(ByBlock{alloc}, 1, 1));
-  rings.push_back(std::make_unique<Ring<ByBlock>>(ByBlock{alloc}, 2, 2));
-  print_against("2 threads, one device, own streams", measure(backend, rings, {&alloc}), one);
+  for (int t = 1; t <= threads; ++t) {
+    rings.push_back(std::make_unique<Ring<ByBlock>>(ByBlock{alloc}, static_cast<gpumem::StreamId>(t), static_cast<std::uint64_t>(t)));
+  }
+  const std::string name = std::to_string(threads) + " threads, one device, own streams";
+  const Figures f = measure(backend, rings, {&alloc});
+  if (threads == 2) {
+    print_against(name.c_str(), f, one);
+    return;
+  }
+  char against[64];
+  std::snprintf(against, sizeof against, "aggregate %.2f x 1 thread (1/%d = %.2f)", f.aggregate_ns / one.wall_ns, threads,
+                1.0 / threads);
+  print(name.c_str(), f, against, nullptr);
 }
 
 void bench_two_devices(const Figures& one) {
@@ -304,7 +317,8 @@ int main(int argc, char** argv) {
   const Figures one = bench_one_thread();
   bench_one_thread_by_address(one);
   if (argc > 2 && std::string(argv[2]) == "one-thread") return 0;
-  bench_two_streams(one);
+  bench_own_streams(one, 2);
   bench_two_devices(one);
+  for (const int threads : {4, 8}) bench_own_streams(one, threads);
   return 0;
 }
