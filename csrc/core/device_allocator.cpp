@@ -150,11 +150,9 @@ std::vector<SegmentInfo> DeviceAllocator::snapshot() const {
 std::optional<std::pair<std::uintptr_t, std::size_t>> DeviceAllocator::segment_of(const void* ptr) const {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   const WholeDevice whole(core_);
-  const auto& segments = core_.d_.segments;
-  auto it = segments.upper_bound(addr);
-  if (it == segments.begin()) return std::nullopt;
-  const Segment& s = *std::prev(it)->second;
-  if (addr >= s.addr + s.size) return std::nullopt;
+  const Segment* holding = core_.d_.segments.containing(addr);
+  if (!holding) return std::nullopt;
+  const Segment& s = *holding;
   if (!s.growable) return std::make_pair(s.addr, s.size);
   std::optional<std::pair<std::uintptr_t, std::size_t>> stretch;  // the mapped stretch holding `addr`
   for_each_stretch(s, [&](const Block* first, const Block*, std::uintptr_t stop) {

@@ -3,7 +3,7 @@
 // Blocks' homes). The fallback chain (core/device_core.h), the two sources of new memory
 // (core/plain_segments.h, core/growable_segments.h) and the releases (core/release.h) work on it,
 // all under the device's lock: nothing here locks. Each member is a type that keeps its own
-// invariants; what is a bare field here is the segment table's.
+// invariants, or a fact of the device set once.
 #pragma once
 
 #include <cstddef>
@@ -21,6 +21,7 @@
 #include "core/pool.h"
 #include "core/private_pools.h"
 #include "core/segment_source.h"
+#include "core/segment_table.h"
 #include "core/stats.h"
 
 namespace gpumem {
@@ -55,8 +56,7 @@ struct DeviceState {
   LaneLedgers lane_ledgers;  // when `stats` takes in the lanes' own (core/lane_ledgers.h)
   Pool default_pool;
   PrivatePools pools;
-  std::map<std::uintptr_t, std::unique_ptr<Segment>> segments;  // by address
-  std::uint64_t next_serial = 0;
+  SegmentTable segments;  // by address: the owner of every Segment (core/segment_table.h)
   ShareHooks* share = nullptr;  // the GPU's sharing (core/share_hooks.h), where this process shares it
   std::size_t reserved_high = 0;  // the most ever reserved by segments and pages (not reset with the statistics)
 
@@ -71,14 +71,13 @@ struct DeviceState {
   BlockArena& arena_for(StreamId stream) { return lanes.arena_for(stream); }
   void note_high() { reserved_high = std::max(reserved_high, cap.reserved()); }
 
-  // Files a segment of [addr, addr + size) under the pool, as one block; statistics are the caller's.
-  Segment* add_segment(Pool& pool, bool small, StreamId stream, std::uintptr_t addr, std::size_t size);
-  // Forgets a segment whose memory went back: its head goes to the arena. Statistics are the caller's.
-  void erase_segment(Segment* segment);
-  // A backend that hands out memory the allocator already holds is broken; going on would corrupt
-  // the segment table, so the request fails instead (a RuntimeError in Python).
-  bool overlaps_segment(std::uintptr_t addr, std::size_t size) const;
-  [[noreturn]] void throw_overlap(const char* call, std::uintptr_t addr, std::size_t size) const;
+  // Files a segment of [addr, addr + size) under the pool, as one block, its head from its stream's
+  // arena; statistics are the caller's.
+  Segment* add_segment(Pool& pool, bool small, StreamId stream, std::uintptr_t addr, std::size_t size) {
+    return segments.add(pool, source_of(pool), arena_for(stream), small, stream, addr, size);
+  }
+  // Forgets a segment whose memory went back. Statistics are the caller's.
+  void erase_segment(Segment* segment) { segments.erase(segment, arena_for(segment->stream)); }
 };
 
 }  // namespace gpumem

@@ -104,7 +104,7 @@ Block* GrowableSegments::reserve_range(const Request& r) {
   void* ptr = d_.backend.reserve_address(d_.device, bytes);
   if (!ptr) return nullptr;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  if (d_.overlaps_segment(addr, bytes)) d_.throw_overlap("reserve_address", addr, bytes);
+  if (d_.segments.overlaps(addr, bytes)) d_.segments.throw_overlap("reserve_address", addr, bytes);
   Segment* segment = d_.add_segment(pool, small, r.stream, addr, bytes);
   segment->growable = true;
   segment->mapped = 0;

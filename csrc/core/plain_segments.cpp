@@ -23,9 +23,9 @@ Block* PlainSegments::reserve(Request& r, std::size_t bytes) {
   void* ptr = d_.cap.grow_noting(r.device_refused, bytes, [&] { return d_.source_of(*r.pool).reserve(bytes); });
   if (!ptr) return nullptr;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  if (d_.overlaps_segment(addr, bytes)) {
+  if (d_.segments.overlaps(addr, bytes)) {
     d_.cap.unreserve(bytes);  // the memory is not the allocator's: it cannot be given back either
-    d_.throw_overlap("reserve", addr, bytes);
+    d_.segments.throw_overlap("reserve", addr, bytes);
   }
   Segment* segment = d_.add_segment(*r.pool, r.small, r.stream, addr, bytes);
   segment->mapped = bytes;
