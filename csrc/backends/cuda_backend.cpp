@@ -210,7 +210,7 @@ std::size_t CudaBackend::total_memory(int device) {
 // allocated on the device anyway (the allocator asks at a growth), and the context is part of what
 // the figure must count. A failed CUDA call's error is cleared, so that torch's next check does not
 // take it for its own.
-std::optional<std::size_t> CudaBackend::process_used(int device) {
+std::optional<std::string> CudaBackend::bus_id_of(int device) {
   std::string bus_id;
   try {
     check_device(device);
@@ -234,7 +234,19 @@ std::optional<std::size_t> CudaBackend::process_used(int device) {
     cudaGetLastError();
     return std::nullopt;
   }
-  return nvml_process_memory(bus_id.c_str(), static_cast<unsigned>(getpid()));
+  return bus_id;
+}
+
+std::optional<std::size_t> CudaBackend::process_used(int device) {
+  const std::optional<std::string> bus_id = bus_id_of(device);
+  if (!bus_id) return std::nullopt;
+  return nvml_process_memory(bus_id->c_str(), static_cast<unsigned>(getpid()));
+}
+
+std::vector<ProcessUse> CudaBackend::processes_on(int device) {
+  const std::optional<std::string> bus_id = bus_id_of(device);
+  if (!bus_id) return {};
+  return nvml_processes(bus_id->c_str());
 }
 
 void* CudaBackend::reserve(int device, std::size_t bytes) {

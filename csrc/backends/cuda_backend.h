@@ -26,6 +26,7 @@ class CudaBackend : public Backend {
   // context (the process is listed only then); later calls make no CUDA call at all, so they are
   // safe while a graph captures.
   std::optional<std::size_t> process_used(int device) override;
+  std::vector<ProcessUse> processes_on(int device) override;
   EventId record_event(int device, StreamId stream) override;
   bool event_done(int device, EventId event) override;
   void destroy_event(int device, EventId event) override;
@@ -67,6 +68,8 @@ class CudaBackend : public Backend {
   std::mutex mutex_;                                             // guards spare_events_, totals_
   mutable std::vector<std::vector<EventId>> spare_events_;       // per device; events are reused
   mutable std::vector<std::optional<std::size_t>> totals_;       // per device, once asked
+  // The device's PCI bus id, as NVML names GPUs; made with its context on first ask. Never throws.
+  std::optional<std::string> bus_id_of(int device);
   mutable std::vector<std::string> bus_ids_;  // per device: its PCI bus id once its context is made (process_used)
   std::mutex vm_mutex_;                                          // guards vm_
   mutable std::vector<VirtualMemory> vm_;                        // per device

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <mutex>
 #include <vector>
 
@@ -57,7 +58,8 @@ const Nvml* nvml() {
   return loaded;
 }
 
-std::optional<std::size_t> process_memory(const char* pci_bus_id, unsigned pid) {
+// NVML's entries for the GPU (a process may have several), or nullopt where it cannot answer.
+std::optional<std::vector<NvmlProcessInfo>> listed(const char* pci_bus_id) {
   const Nvml* api = nvml();
   if (!api) return std::nullopt;
   NvmlDevice device = nullptr;
@@ -72,16 +74,35 @@ std::optional<std::size_t> process_memory(const char* pci_bus_id, unsigned pid) 
       continue;
     }
     if (status != kNvmlSuccess) return std::nullopt;
-    std::optional<std::size_t> used;
-    for (unsigned int i = 0; i < count && i < processes.size(); ++i) {
-      const NvmlProcessInfo& p = processes[i];
-      if (p.pid != pid) continue;
-      if (p.used_gpu_memory == kNvmlValueNotAvailable) return std::nullopt;
-      used = used.value_or(0) + static_cast<std::size_t>(p.used_gpu_memory);
-    }
-    return used;
+    processes.resize(std::min<std::size_t>(count, processes.size()));
+    return processes;
   }
   return std::nullopt;
+}
+
+std::optional<std::size_t> process_memory(const char* pci_bus_id, unsigned pid) {
+  const auto processes = listed(pci_bus_id);
+  if (!processes) return std::nullopt;
+  std::optional<std::size_t> used;
+  for (const NvmlProcessInfo& p : *processes) {
+    if (p.pid != pid) continue;
+    if (p.used_gpu_memory == kNvmlValueNotAvailable) return std::nullopt;
+    used = used.value_or(0) + static_cast<std::size_t>(p.used_gpu_memory);
+  }
+  return used;
+}
+
+std::vector<ProcessUse> processes(const char* pci_bus_id) {
+  std::vector<ProcessUse> out;
+  const auto entries = listed(pci_bus_id);
+  if (!entries) return out;
+  for (const NvmlProcessInfo& p : *entries) {
+    if (p.used_gpu_memory == kNvmlValueNotAvailable) continue;
+    auto same = std::find_if(out.begin(), out.end(), [&](const ProcessUse& u) { return u.pid == p.pid; });
+    if (same == out.end()) same = out.insert(out.end(), ProcessUse{p.pid, 0});
+    same->bytes += static_cast<std::size_t>(p.used_gpu_memory);
+  }
+  return out;
 }
 
 }  // namespace
@@ -91,6 +112,14 @@ std::optional<std::size_t> nvml_process_memory(const char* pci_bus_id, unsigned 
     return process_memory(pci_bus_id, pid);
   } catch (...) {  // the list's memory: nothing to report then
     return std::nullopt;
+  }
+}
+
+std::vector<ProcessUse> nvml_processes(const char* pci_bus_id) noexcept {
+  try {
+    return processes(pci_bus_id);
+  } catch (...) {  // the list's memory: nothing to report then
+    return {};
   }
 }
 

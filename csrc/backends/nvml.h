@@ -6,6 +6,9 @@
 
 #include <cstddef>
 #include <optional>
+#include <vector>
+
+#include "core/backend.h"
 
 namespace gpumem {
 
@@ -14,5 +17,9 @@ namespace gpumem {
 // loaded or started, the GPU is not found, the process is not listed (a container's own pid
 // namespace), or its figure is not available (MIG). Thread-safe; never throws.
 std::optional<std::size_t> nvml_process_memory(const char* pci_bus_id, unsigned pid) noexcept;
+
+// Every process NVML lists on that GPU, one entry per pid (its entries summed), those whose figure
+// is not available left out; empty where NVML cannot answer. Thread-safe; never throws.
+std::vector<ProcessUse> nvml_processes(const char* pci_bus_id) noexcept;
 
 }  // namespace gpumem

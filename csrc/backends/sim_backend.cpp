@@ -174,6 +174,17 @@ std::optional<std::size_t> SimBackend::process_used(int device) {
   return d.ledger.in_use + d.outside;
 }
 
+std::vector<ProcessUse> SimBackend::processes_on(int device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (device < 0 || device >= device_count_) return {};  // never throws
+  return device_locked(device).processes;
+}
+
+void SimBackend::set_processes(int device, std::vector<ProcessUse> processes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  device_locked(device).processes = std::move(processes);
+}
+
 void SimBackend::set_use_outside(int device, std::size_t process, std::size_t others) {
   std::lock_guard<std::mutex> lock(mutex_);
   Device& d = device_locked(device);

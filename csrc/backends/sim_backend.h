@@ -55,6 +55,9 @@ class SimBackend : public Backend {
   // What the process holds on the device: the ledger's in_use plus the bytes set_use_outside
   // gives it; nullopt while process accounting is off.
   std::optional<std::size_t> process_used(int device) override;
+  // What set_processes gave, as a driver's list of the processes on `device`.
+  std::vector<ProcessUse> processes_on(int device) override;
+  void set_processes(int device, std::vector<ProcessUse> processes);
   EventId record_event(int device, StreamId stream) override;
   bool event_done(int device, EventId event) override;
   void destroy_event(int device, EventId event) override;
@@ -167,6 +170,7 @@ class SimBackend : public Backend {
     Ledger ledger;
     std::size_t outside = 0;  // set_use_outside's: in_use + outside + others <= capacity
     std::size_t others = 0;
+    std::vector<ProcessUse> processes;  // set_processes's
   };
 
   // The device, made on first use; DeviceError for an index outside 0..device_count()-1.

@@ -7,8 +7,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 namespace gpumem {
+
+// One process the driver lists on a device, and the bytes it holds there.
+struct ProcessUse {
+  std::uint32_t pid = 0;
+  std::size_t bytes = 0;
+};
 
 // A stream as the backend knows it (cudaStream_t in the CUDA backend). 0 is the default stream.
 using StreamId = std::uintptr_t;
@@ -44,6 +51,10 @@ class Backend {
   // in the CUDA backend), or nullopt where that cannot be had: no such accounting, or the driver
   // does not list this process (a container's own pid namespace). Never throws.
   virtual std::optional<std::size_t> process_used(int /*device*/) { return std::nullopt; }
+  // Every process the driver lists on `device` with what it holds there (NVML in the CUDA
+  // backend; pids as the driver sees them, which in a container are the host's), empty where that
+  // cannot be had. For the out-of-memory message only. Never throws.
+  virtual std::vector<ProcessUse> processes_on(int /*device*/) { return {}; }
 
   // Stream ordering, for reusing a block freed while another stream may still read it.
   virtual EventId record_event(int device, StreamId stream) = 0;

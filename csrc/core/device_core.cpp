@@ -203,7 +203,7 @@ void DeviceCore::throw_oom(std::size_t requested, std::size_t size, bool device_
   info.device_free = mem.free;
   info.device_total = mem.total;
   info.largest_free_block = largest_free_block();
-  if (d_.share) info.sharing = d_.share->describe();
+  if (d_.share) info.sharing = d_.share->describe(d_.backend.processes_on(d_.device));
   if (device_refused) {
     info.kind = OomKind::kDeviceFull;
     ++d_.stats.num_ooms_device_full;

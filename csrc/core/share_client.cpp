@@ -236,17 +236,29 @@ ShareStatus ShareClient::status() {
   return s;
 }
 
-std::string ShareClient::describe() const noexcept {
+// The members of the table by pid, then the processes the driver lists that are not members
+// (native PyTorch, another user's or another table's): those could not be asked, and are named
+// with what they hold. Where the driver lists none, what no member accounts for is one figure.
+std::string ShareClient::describe(const std::vector<ProcessUse>& on_device) const noexcept {
   try {
     std::string text = " Sharing the GPU (" + table_->path() + "): the others' floors and live tensors leave this process " +
                        format_bytes(ceiling_.load()) + ";";
-    bool any = false;
+    std::vector<std::uint32_t> members{table_->slot(index_).pid.load()};
     table_->for_each_live(index_, [&](std::uint32_t, ShareSlot& o) {
-      any = true;
+      members.push_back(o.pid.load());
       text += " pid " + std::to_string(o.pid.load()) + " reserves " + format_bytes(o.reserved.load()) + " (" +
               format_bytes(o.in_use.load()) + " in use, floor " + format_bytes(o.floor.load()) + ", asked);";
     });
-    if (!any) text += " no other gpumem process;";
+    if (members.size() == 1) text += " no other gpumem process;";
+    std::string not_asked;
+    for (const ProcessUse& p : on_device) {
+      if (std::find(members.begin(), members.end(), p.pid) != members.end()) continue;
+      not_asked += " pid " + std::to_string(p.pid) + " holds " + format_bytes(p.bytes) + ";";
+    }
+    if (!not_asked.empty()) {
+      text += " not in this table, so not asked (native PyTorch, other users' or other tables' processes, as the "
+              "driver lists them):" + not_asked;
+    }
     text += " " + format_bytes(unaccounted_.load()) +
             " is held outside every gpumem process of this table (CUDA contexts, native PyTorch or other users' "
             "processes: these could not be asked).";

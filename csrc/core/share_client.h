@@ -98,7 +98,7 @@ class ShareClient final : public ShareHooks {
 
   void before_growth(DeviceState& d, std::size_t allocated, std::size_t size) noexcept override;
   bool retry_after_refusal(DeviceState& d) noexcept override;
-  std::string describe() const noexcept override;
+  std::string describe(const std::vector<ProcessUse>& on_device) const noexcept override;
 
   ShareTable& table() { return *table_; }
 

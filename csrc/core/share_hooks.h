@@ -4,6 +4,9 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
+
+#include "core/backend.h"
 
 namespace gpumem {
 
@@ -19,8 +22,9 @@ class ShareHooks {
   // The device refused new memory and the fallback chain could not serve: ask the others to give
   // back free cache; true if the request is worth trying again. Never throws.
   virtual bool retry_after_refusal(DeviceState& d) noexcept = 0;
-  // For the out-of-memory message: who holds how much, and what could not be asked.
-  virtual std::string describe() const noexcept = 0;
+  // For the out-of-memory message: who holds how much, and what could not be asked; `on_device`:
+  // the processes the driver lists on the GPU (Backend::processes_on), empty where it cannot.
+  virtual std::string describe(const std::vector<ProcessUse>& on_device) const noexcept = 0;
 };
 
 }  // namespace gpumem

@@ -244,6 +244,26 @@ TEST_CASE("sharing: a device refusal with nobody to ask fails as before, and nam
   CHECK_THAT(oom.message, Catch::Contains("could not be asked"));
 }
 
+TEST_CASE("sharing: the out-of-memory message names, by pid, the processes the driver lists that could not be asked") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(8 * GiB);
+  Member a(device, dir.table()), b(device, dir.table());  // both this process: the table's pids are live ones
+  a.share->start();
+  b.share->start();
+  Block* held = b.alloc.malloc(1 * GiB, kStream0);
+  device.take(6 * GiB);  // a native process, pid 4242
+  const auto me = static_cast<std::uint32_t>(::getpid());
+  a.backend.set_processes(0, {{me, 1 * GiB + 512 * MiB}, {4242, 6 * GiB}});
+  const Oom oom = oom_from([&] { a.alloc.malloc(2 * GiB, kStream0); });
+  CHECK(oom.info.kind == OomKind::kDeviceFull);
+  const std::string member = "pid " + std::to_string(me);
+  CHECK_THAT(oom.message, Catch::Contains(member + " reserves 1.00 GiB"));  // a member: asked
+  CHECK_THAT(oom.message, Catch::Contains("not asked"));
+  CHECK_THAT(oom.message, Catch::Contains("pid 4242 holds 6.00 GiB"));
+  CHECK_THAT(oom.message, !Catch::Contains(member + " holds"));  // members are not listed as not asked
+  b.alloc.free(held);
+}
+
 TEST_CASE("sharing: the others stop short of a floor not yet used, and its owner gets it") {
   TempDir dir;
   SharedDevice& device = SharedDevice::make(140 * GiB);
