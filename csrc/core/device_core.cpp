@@ -320,12 +320,18 @@ void* DeviceCore::malloc_uncached(std::size_t requested) {
   if (requested > SIZE_MAX - kMinBlockSize) throw_oom(requested, requested);
   const std::size_t bytes = round_size(requested);
   measure_outside();
+  // New memory, as a growth of the chain is: the sharing refreshes the ceiling first, and asks the
+  // others for their cache where the device refuses.
+  if (d_.share) d_.share->before_growth(d_, allocated(), bytes);
   if (!fits_under(allocated(), bytes, d_.cap.budget())) throw_oom(requested, bytes);
   bool device_refused = false;
   void* ptr = uncached_.reserve(d_.cap, bytes, device_refused);
   if (!ptr && !d_.capturing()) {
     synchronize_and_process_events();
     release_.all_unused();
+    ptr = uncached_.reserve(d_.cap, bytes, device_refused);
+  }
+  if (!ptr && device_refused && d_.share && d_.share->retry_after_refusal(d_)) {
     ptr = uncached_.reserve(d_.cap, bytes, device_refused);
   }
   if (!ptr) throw_oom(requested, bytes, device_refused);

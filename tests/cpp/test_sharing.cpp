@@ -233,6 +233,22 @@ TEST_CASE("sharing: a hoarder's free cache goes back when the device refuses ano
   CHECK(device.peak.load() <= device.capacity);
 }
 
+TEST_CASE("sharing: a request with caching off asks the others too when the device refuses it") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(140 * GiB);
+  Member a(device, dir.table()), b(device, dir.table());
+  a.share->start();
+  b.share->start();
+  a.alloc.free(a.alloc.malloc(100 * GiB, kStream0));
+  REQUIRE(a.alloc.reserved() == 100 * GiB);
+  void* big = b.alloc.malloc_uncached(60 * GiB);
+  CHECK(big != nullptr);
+  CHECK(a.alloc.reserved() == 0);
+  CHECK(a.share->status().given_back == 100 * GiB);
+  CHECK(b.alloc.free_uncached(big));
+  CHECK(device.peak.load() <= device.capacity);
+}
+
 TEST_CASE("sharing: a device refusal with nobody to ask fails as before, and names the sharing") {
   TempDir dir;
   SharedDevice& device = SharedDevice::make(8 * GiB);
