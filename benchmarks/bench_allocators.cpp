@@ -436,7 +436,8 @@ std::string threads_json(const Options& o, const std::string& native_name, const
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const ThreadsCase& c = cases[i];
     char line[256];
-    std::snprintf(line, sizeof line, "%s{\"streams\": \"%s\", \"threads\": %d, \"distinct_streams\": %d, \"subjects\": {",
+    std::snprintf(line, sizeof line,
+                  "%s{\"streams\": \"%s\", \"threads\": %d, \"distinct_streams\": %d, \"subjects\": {",
                   i ? ", " : "", c.streams.c_str(), c.threads, c.distinct_streams);
     s += line;
     std::vector<double> rates;
@@ -549,7 +550,8 @@ Options parse(int argc, char** argv) {
     } else if (arg == "--streams") {
       o.stream_modes = split(value);
       for (const std::string& m : o.stream_modes)
-        if (m != "own" && m != "shared") throw std::invalid_argument("--streams takes own, shared or own,shared, not \"" + m + "\"");
+        if (m != "own" && m != "shared")
+          throw std::invalid_argument("--streams takes own, shared or own,shared, not \"" + m + "\"");
       thread_flags.push_back(arg);
     } else if (arg == "--shared-streams") {
       o.shared_streams = static_cast<int>(count(arg, value, kMaxThreads));
@@ -561,7 +563,8 @@ Options parse(int argc, char** argv) {
     if (!thread_flags.empty()) throw std::invalid_argument(thread_flags.front() + " needs --threads");
     return o;
   }
-  if (cuda_pairs_given) throw std::invalid_argument("--cuda-pairs does not apply with --threads (no cudaMalloc subject)");
+  if (cuda_pairs_given)
+    throw std::invalid_argument("--cuda-pairs does not apply with --threads (no cudaMalloc subject)");
   if (!pairs_given) o.pairs = kThreadPairs;
   if (!runs_given) o.runs = kThreadRuns;
   return o;
