@@ -28,7 +28,7 @@ import re
 import time
 from typing import Optional
 
-from common import ALLOCATORS, check_allocator, log, median, select_allocator, write_json
+from common import ALLOCATORS, apply_cap, check_allocator, log, median, select_allocator, write_json
 
 CAP_LENGTH = 1024
 _SIZE = r"([\d.]+) (bytes?|KiB|MiB|GiB|TiB)"
@@ -64,20 +64,6 @@ def step_mode(args) -> dict:
         "peak_allocated": peak_allocated, "peak_reserved": peak_reserved,
         "reserved_over_allocated": peak_reserved / peak_allocated,
     }
-
-
-def apply_cap(allocator: str, cap: int) -> int:
-    """Caps the process at `cap` bytes the way `allocator` can; returns the limit in force."""
-    import torch
-
-    if allocator.startswith("gpumem"):
-        import gpumem
-
-        gpumem.set_limit(cap)
-        return gpumem.get_limit()
-    total = torch.cuda.mem_get_info()[1]  # the total native's fraction is taken of
-    torch.cuda.set_per_process_memory_fraction(cap / total)
-    return int(cap / total * total)  # native's limit: fraction x total, rounded down
 
 
 def batch_search(args, limit: Optional[int]) -> dict:

@@ -1,4 +1,4 @@
-"""What the Python benchmarks share: picking the allocator before torch starts, and output.
+"""What the Python benchmarks share: picking the allocator before torch starts, capping it, and output.
 
 Each benchmark process measures one allocator, named on its command line:
   gpumem              gpumem installed as torch's CUDA allocator (gpumem.enable()), growable segments
@@ -52,6 +52,20 @@ def check_allocator(name: str) -> None:
         wanted = "plain" if name == "gpumem-plain" else "growable"
         if gpumem.get_segments() != wanted:
             sys.exit(f"asked for allocator {name!r} but gpumem's segments are {gpumem.get_segments()!r}")
+
+
+def apply_cap(allocator: str, cap: int) -> int:
+    """Caps the process at `cap` bytes the way `allocator` can; returns the limit in force."""
+    import torch
+
+    if allocator.startswith("gpumem"):
+        import gpumem
+
+        gpumem.set_limit(cap)
+        return gpumem.get_limit()
+    total = torch.cuda.mem_get_info()[1]  # the total native's fraction is taken of
+    torch.cuda.set_per_process_memory_fraction(cap / total)
+    return int(cap / total * total)  # native's limit: fraction x total, rounded down
 
 
 def log(message: str) -> None:

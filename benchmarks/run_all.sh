@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs benchmarks 1-5 of docs/benchmarks.md on a machine with a CUDA GPU, each part in its own
-# process(es), within BENCH_BUDGET_S seconds (default 430, including the gpumem install when one is
-# needed: the whole fits one 8-minute call). Each part writes JSON and a log into OUTDIR; at the
+# Runs benchmarks 1-5, 8 and 9 of docs/benchmarks.md on a machine with a CUDA GPU, each part in its
+# own process(es), within BENCH_BUDGET_S seconds (default 560, including the gpumem install when one
+# is needed: the whole fits one 10-minute call). Each part writes JSON and a log into OUTDIR; at the
 # end the results table is printed and written to OUTDIR/summary.md.
 #   bash benchmarks/run_all.sh [OUTDIR]          (default: bench-out)
 # gpumem is installed first (pip install --no-build-isolation -e .): when the gpumem python3
@@ -11,16 +11,19 @@ PYTHON=${PYTHON:-python3}  # every step runs this interpreter, the install too: 
 cd "$(dirname "$0")/.." || exit 1
 OUT=${1:-bench-out}
 BIN=${BENCH_BUILD_DIR:-/tmp/gpumem-bench-build}  # objects and binary: kept out of OUTDIR
-BUDGET=${BENCH_BUDGET_S:-430}
+BUDGET=${BENCH_BUDGET_S:-560}
 ALLOC_ROUNDS=${BENCH_ALLOC_ROUNDS:-3}  # part 1: processes (each times every allocator, alternating)
+ALLOC_THREADS_ROUNDS=${BENCH_ALLOC_THREADS_ROUNDS:-3}  # part 8: processes (each times both, alternating)
 EMPTY_ROUNDS=${BENCH_EMPTY_ROUNDS:-3}  # part 2: processes per allocator, alternating
+THREADS_ROUNDS=${BENCH_THREADS_ROUNDS:-3}  # part 9: processes per allocator, alternating
 TRAIN_ROUNDS=${BENCH_TRAIN_ROUNDS:-3}  # part 3: processes per allocator, alternating
 mkdir -p "$OUT"
 # A previous run's results would mix into the medians: remove them (only files this script writes).
 # A measurement repeated in processes is NAME-ROUND.{json,log}; summarize.py reads each NAME's
 # rounds by their exact name (training-step-gpumem-1.json, never training-step-gpumem-plain-1.json).
 rm -f "$OUT"/{replay,machine}.json "$OUT"/{install,machine,build,replay}.log "$OUT"/allocators-*.{json,log} \
-  "$OUT"/torch_empty-*.{json,log} "$OUT"/training-*.{json,log} "$OUT"/summary.md
+  "$OUT"/allocator-threads-*.{json,log} "$OUT"/torch_empty-*.{json,log} "$OUT"/threads-*.{json,log} \
+  "$OUT"/training-*.{json,log} "$OUT"/summary.md
 unset GPUMEM_LIMIT PYTORCH_CUDA_ALLOC_CONF  # each process picks its allocator itself
 SECONDS=0
 
@@ -66,7 +69,7 @@ run build 180 bash benchmarks/build_bench_allocators.sh "$BIN/bench_allocators" 
 BUILT=$?
 wait "$REPLAY"
 if ! "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
-  log "no CUDA GPU here: parts 1-4 not run"
+  log "no CUDA GPU here: parts 1-4, 8 and 9 not run"
   "$PYTHON" benchmarks/summarize.py "$OUT" | tee "$OUT/summary.md"
   exit 1
 fi
@@ -75,11 +78,24 @@ if ((BUILT == 0)); then
   for ((r = 1; r <= ALLOC_ROUNDS; r++)); do
     run "allocators-$r" 90 "$BIN/bench_allocators" --pairs 200000 --runs 7 --cuda-pairs 2000 --out "$OUT/allocators-$r.json"
   done
+  # Part 8: the same interface from 1 to 16 threads, on their own streams and on 2 shared ones.
+  for ((r = 1; r <= ALLOC_THREADS_ROUNDS; r++)); do
+    run "allocator-threads-$r" 60 "$BIN/bench_allocators" --threads 1,2,4,8,16 --streams own,shared \
+      --shared-streams 2 --pairs 4000 --runs 5 --out "$OUT/allocator-threads-$r.json"
+  done
 fi
 
 for ((r = 1; r <= EMPTY_ROUNDS; r++)); do
   for a in gpumem native; do
     run "torch_empty-$a-$r" 60 "$PYTHON" benchmarks/bench_torch_empty.py --allocator "$a" --out "$OUT/torch_empty-$a-$r.json"
+  done
+done
+
+# Part 9: 8 Python threads on their own streams under a 6 GiB cap.
+for ((r = 1; r <= THREADS_ROUNDS; r++)); do
+  for a in gpumem native; do
+    run "threads-$a-$r" 45 "$PYTHON" benchmarks/bench_threads.py --allocator "$a" --threads 8 --cap 6GiB \
+      --warm-up 1 --duration 1 --runs 3 --out "$OUT/threads-$a-$r.json"
   done
 done
 

@@ -83,6 +83,68 @@ def allocator_cost(out: pathlib.Path) -> None:
             target, verdict)
 
 
+def rate(value: float) -> str:
+    return f"{value / 1e6:.3f} M/s"
+
+
+def rate_spread(values: list[float]) -> str:
+    """min / median / max over the processes, or the one value, in M/s."""
+    return spread([v / 1e6 for v in values], " M/s", 3)
+
+
+def threads_target(streams: str, threads: int) -> float:
+    """gpumem's aggregate rate over native's, at least: 2 with 8 threads on their own streams, else 1."""
+    return 2.0 if (streams, threads) == ("own", 8) else 1.0
+
+
+def allocator_threads(out: pathlib.Path) -> None:
+    found = rounds(out, "allocator-threads")
+    if not found:
+        return missing("8", "malloc+free pairs from many threads through CUDAAllocator", "allocator-threads-*.log")
+    # Each process's figure per case is the median of its runs; a row is the median over the processes.
+    by: dict[tuple[str, int], dict[str, list[float]]] = {}
+    for r in found:
+        for case in r["cases"]:
+            rates = by.setdefault((case["streams"], case["threads"]), {"native": [], "gpumem": []})
+            for key, values in rates.items():
+                values.append(case["subjects"][key]["pairs_per_s"])
+    pairs = found[0]["pairs_per_thread"]
+    for (streams, threads), rates in sorted(by.items(), key=lambda item: (item[0][0] != "own", item[0][1])):
+        case = f"{threads} thread{'s' * (threads > 1)}, {streams} streams"
+        native, gpumem = statistics.median(rates["native"]), statistics.median(rates["gpumem"])
+        row("8", f"aggregate malloc+free pairs, {case}, native (CUDAAllocator, {pairs} pairs a thread)",
+            f"{rate(native)} ({rate_spread(rates['native'])})", verdict="baseline")
+        bound = threads_target(streams, threads)
+        row("8", f"aggregate malloc+free pairs, {case}, gpumem (CUDAAllocator, {pairs} pairs a thread)",
+            f"{rate(gpumem)} ({gpumem / native:.3f} x native; {rate_spread(rates['gpumem'])})",
+            f">= {bound:g} x native", at_least(gpumem / native, bound))
+
+
+def threaded_workload(out: pathlib.Path) -> None:
+    by = {a: rounds(out, f"threads-{a}") for a in ("gpumem", "native")}
+    if not all(by.values()):
+        return missing("9", "multithreaded workload", "threads-*.log")
+    ops = {a: [r["ops_per_s"] for r in rs] for a, rs in by.items()}
+    native, gpumem = statistics.median(ops["native"]), statistics.median(ops["gpumem"])
+
+    def shape(a: str) -> str:
+        first = by[a][0]
+        return f"{first['threads']} threads on their own streams, cap {first['cap'] / GiB:g} GiB"
+
+    row("9", f"multithreaded workload, native ({shape('native')})",
+        f"{native:.0f} ops/s ({spread(ops['native'], ' ops/s')})", verdict="baseline")
+    row("9", f"multithreaded workload, gpumem ({shape('gpumem')})",
+        f"{gpumem:.0f} ops/s ({gpumem / native:.3f} x native; {spread(ops['gpumem'], ' ops/s')})",
+        ">= 1.1 x native", at_least(gpumem / native, 1.1))
+    peaks = {a: max(r["peak_reserved"] for r in rs) for a, rs in by.items()}
+    limit = max(r["limit"] for r in by["gpumem"])
+    passed = sum(not r["cap_held"] for r in by["gpumem"])
+    verdict = f"missed: passed it in {passed} of {len(by['gpumem'])} processes" if passed else "met"
+    row("9", "multithreaded workload, highest peak reserved over the processes: gpumem / native",
+        f"{peaks['gpumem'] / GiB:.3f} / {peaks['native'] / GiB:.3f} GiB (gpumem's limit {limit / GiB:.3f} GiB)",
+        "gpumem <= its limit", verdict)
+
+
 def torch_empty(out: pathlib.Path) -> None:
     by = {a: [r["ns_per_pair"] for r in rounds(out, f"torch_empty-{a}")] for a in ("gpumem", "native")}
     if not all(by.values()):
@@ -186,7 +248,8 @@ def main() -> None:
     out = pathlib.Path(sys.argv[1])
     if not out.is_dir():
         sys.exit(f"summarize.py: {out} is not a directory of run_all.sh's results")
-    for part in (allocator_cost, torch_empty, training_step, under_cap, replay):
+    parts = (allocator_cost, torch_empty, training_step, under_cap, replay, allocator_threads, threaded_workload)
+    for part in parts:
         part(out)
     print(machine(out) + "\n")
     print("| # | figure | value | target | verdict |\n|---|---|---|---|---|")

@@ -17,6 +17,17 @@ STEP_MS = {"gpumem": 28.0, "gpumem-plain": 29.0, "native": 30.0, "native-expanda
 RATIO = {"gpumem": 1.1, "gpumem-plain": 1.5, "native": 1.25, "native-expandable": 1.005}
 # As run_all.sh runs them: gpumem-plain in round 1 only.
 STEP_ROUNDS = {"gpumem": 3, "gpumem-plain": 1, "native": 3, "native-expandable": 3}
+# Part 8's cases as run_all.sh runs them, and gpumem's rate over native's in each (a few missed).
+THREAD_CASES = [("own", t) for t in (1, 2, 4, 8, 16)] + [("shared", t) for t in (4, 8, 16)]
+THREAD_RATIO = {("own", 8): 1.5, ("shared", 16): 0.8}  # else 2.5
+# Part 9: ops/s per process, and a different number of processes per allocator, so that a row
+# taking in the other allocator's files comes out different.
+WORKLOAD_OPS = {"gpumem": [120e3, 130e3, 125e3], "native": [100e3, 110e3, 105e3, 108e3]}
+
+
+def native_rate(streams: str, threads: int, r: int) -> float:
+    """Apart for every case and process; round 2's is the median of three."""
+    return 1e6 + 1e4 * threads + 5e3 * (streams == "shared") + 1e3 * r
 
 
 def write(out: pathlib.Path, name: str, record: dict) -> None:
@@ -38,6 +49,19 @@ def plant(out: pathlib.Path) -> None:
                 "batch": 16, "lengths": LENGTHS, "step_ms": ms, "pass_s": [ms * len(LENGTHS) / 1e3] * 2,
                 "peak_allocated": 16 * GiB, "reserved_over_allocated": ratio,
             })
+    for r in (1, 2, 3):
+        cases = []
+        for streams, threads in THREAD_CASES:
+            native = native_rate(streams, threads, r)
+            gpumem = native * THREAD_RATIO.get((streams, threads), 2.5)
+            cases.append({"streams": streams, "threads": threads, "subjects": {
+                "native": {"pairs_per_s": native}, "gpumem": {"pairs_per_s": gpumem}}})
+        write(out, f"allocator-threads-{r}.json", {"mode": "threads", "pairs_per_thread": 4000, "cases": cases})
+    for allocator, rates in WORKLOAD_OPS.items():
+        for r, ops in enumerate(rates, start=1):
+            write(out, f"threads-{allocator}-{r}.json", {
+                "allocator": allocator, "threads": 8, "ops_per_s": ops, "cap": 6 * GiB, "limit": 6 * GiB,
+                "peak_reserved": (5 + r / 4 + (allocator == "native")) * GiB, "cap_held": True})
     write(out, "training-reference.json", {"cap": 4 * GiB, "largest_batch": 2})
     for allocator, batch in {"gpumem": 2, "gpumem-plain": 3, "native": 1, "native-expandable": 4}.items():
         write(out, f"training-cap-{allocator}.json", {
@@ -121,3 +145,58 @@ def test_a_missing_part_is_reported_as_not_measured(tmp_path):
     })
     rows = summary(tmp_path)
     assert rows["training step"][0] == "not measured (see training-step-*.log)"
+
+
+def thread_row(table: dict, allocator: str, streams: str, threads: int) -> tuple:
+    case = f"{threads} thread{'s' * (threads > 1)}, {streams} streams"
+    return table[f"aggregate malloc+free pairs, {case}, {allocator} (CUDAAllocator, 4000 pairs a thread)"]
+
+
+@pytest.mark.parametrize("streams, threads", THREAD_CASES)
+def test_each_thread_count_and_stream_mode_is_a_row_of_its_own_cases(table, streams, threads):
+    native = native_rate(streams, threads, 2)
+    ratio = THREAD_RATIO.get((streams, threads), 2.5)
+    value, _, verdict = thread_row(table, "native", streams, threads)
+    assert value.startswith(f"{native / 1e6:.3f} M/s (3 processes: min {native_rate(streams, threads, 1) / 1e6:.3f}")
+    assert verdict == "baseline"
+    value, _, _ = thread_row(table, "gpumem", streams, threads)
+    assert value.startswith(f"{native * ratio / 1e6:.3f} M/s ({ratio:.3f} x native; 3 processes")
+
+
+def test_the_thread_targets_are_twice_native_at_8_own_streams_and_native_elsewhere(table):
+    _, target, verdict = thread_row(table, "gpumem", "own", 8)
+    assert target == ">= 2 x native" and verdict == "missed by 0.500 (1.500 < 2.0)"
+    _, target, verdict = thread_row(table, "gpumem", "shared", 16)
+    assert target == ">= 1 x native" and verdict.startswith("missed")
+    _, target, verdict = thread_row(table, "gpumem", "own", 16)
+    assert target == ">= 1 x native" and verdict.startswith("met")
+
+
+def test_part_eight_has_exactly_the_planted_cases(table):
+    rows = [figure for figure in table if figure.startswith("aggregate malloc+free pairs")]
+    assert len(rows) == 2 * len(THREAD_CASES)
+
+
+def test_the_threaded_workload_rows_come_from_each_allocators_own_processes(table):
+    native = table["multithreaded workload, native (8 threads on their own streams, cap 6 GiB)"][0]
+    gpumem, target, verdict = table["multithreaded workload, gpumem (8 threads on their own streams, cap 6 GiB)"]
+    assert native == "106500 ops/s (4 processes: min 100000 ops/s, median 106500 ops/s, max 110000 ops/s)"
+    assert gpumem == \
+        f"125000 ops/s ({125e3 / 106.5e3:.3f} x native; 3 processes: min 120000 ops/s, median 125000 ops/s, max 130000 ops/s)"
+    assert target == ">= 1.1 x native" and verdict.startswith("met")
+
+
+def test_the_threaded_workload_reports_the_peak_reserved_under_gpumems_limit(table):
+    value, target, verdict = table["multithreaded workload, highest peak reserved over the processes: gpumem / native"]
+    assert value == "5.750 / 7.000 GiB (gpumem's limit 6.000 GiB)"
+    assert target == "gpumem <= its limit" and verdict == "met"
+
+
+def test_a_gpumem_process_that_passed_its_limit_is_a_missed_target(tmp_path):
+    for allocator, held in (("gpumem", True), ("gpumem", False), ("native", True)):
+        r = len(list(tmp_path.glob(f"threads-{allocator}-*.json"))) + 1
+        write(tmp_path, f"threads-{allocator}-{r}.json", {
+            "allocator": allocator, "threads": 8, "ops_per_s": 1e5, "cap": 6 * GiB, "limit": 6 * GiB,
+            "peak_reserved": (5 if held else 7) * GiB, "cap_held": held})
+    verdict = summary(tmp_path)["multithreaded workload, highest peak reserved over the processes: gpumem / native"][2]
+    assert verdict == "missed: passed it in 1 of 2 processes"
