@@ -74,13 +74,7 @@ def _is_the_gpumem_command() -> bool:
     """The gpumem command reads GPUMEM_LIMIT itself (`gpumem info` reports a bad one, `gpumem run`
     hands it to the program it starts) and allocates no CUDA memory, so it is left alone. It is
     known by what it runs, not by its name: a user's own script called gpumem gets the hook."""
-    return _is_the_console_script() or _invocation.is_python_m_gpumem()
-
-
-def _is_the_console_script() -> bool:
-    # The console script starts in _gpumem_command, which says so before it imports gpumem.
-    command = sys.modules.get("_gpumem_command")
-    return command is not None and getattr(command, "running", False) is True
+    return _invocation.is_the_console_script() or _invocation.is_python_m_gpumem()
 
 
 def _stop_for(error: _env.SettingError) -> None:

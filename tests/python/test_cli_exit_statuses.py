@@ -172,6 +172,37 @@ def test_ctrl_c_while_python_m_gpumem_starts_exits_130_without_a_traceback(tmp_p
     assert completed.stderr == "" and completed.stdout == ""
 
 
+SWALLOWING_SITECUSTOMIZE = """
+import signal, sys
+
+class SwallowingFinder:
+    # A Ctrl-C while torch loads, in an import that drops whatever it raises: torch's compiled
+    # module imports numpy so, and a KeyboardInterrupt in there was lost or ended in numpy's traceback.
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            try:
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt:
+                pass
+        return None
+
+sys.meta_path.insert(0, SwallowingFinder())
+"""
+COMMAND = "import sys, _gpumem_command; sys.argv = ['gpumem', 'info']; sys.exit(_gpumem_command.main())"
+
+
+@pytest.mark.parametrize("command", [["-m", "gpumem", "info"], ["-c", COMMAND]],
+                         ids=["python-m-gpumem", "console-script"])
+def test_ctrl_c_while_the_command_starts_ends_it_even_where_an_import_drops_the_interrupt(tmp_path, command):
+    (tmp_path / "sitecustomize.py").write_text(SWALLOWING_SITECUSTOMIZE)
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("GPUMEM_")}
+    completed = subprocess.run([sys.executable, *command], env={**environment, "PYTHONPATH": str(tmp_path)},
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == -signal.SIGINT  # as a shell reports it: status 130
+    assert completed.stderr == "" and completed.stdout == ""
+
+
 def test_a_ctrl_c_while_another_program_imports_gpumem_goes_on_as_it_came(monkeypatch):
     from gpumem import _invocation
 
