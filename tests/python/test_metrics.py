@@ -400,6 +400,19 @@ def test_one_client_past_the_most_at_once_closes_the_oldest(fake_c, monkeypatch)
                 client.close()
 
 
+def test_the_listener_queues_100_connections_before_it_accepts_one():
+    listener = _http._listen("127.0.0.1", 0)  # bound and listening, never accepting: a burst meets only the backlog
+    clients = []
+    try:
+        for _ in range(100):  # a backlog of 5 let 6 in; the 7th waited for the SYN to be sent again
+            clients.append(socket.create_connection(("127.0.0.1", listener.getsockname()[1]), timeout=1))
+    finally:
+        for client in clients:
+            client.close()
+        listener.close()
+    assert len(clients) == 100
+
+
 def test_a_request_head_past_8_kib_is_refused_and_closed(served):
     response = raw_request(served.port, b"GET /metrics HTTP/1.1\r\nX: " + b"x" * 9000)
     assert response.startswith(b"HTTP/1.1 431 ")
