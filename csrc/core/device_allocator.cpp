@@ -113,6 +113,8 @@ WorkCounts DeviceAllocator::work_counts() const {
   counts.on_device = core_.on_device_;
   core_.d_.lanes.for_each_arena([&](const BlockArena& arena, int) { counts.blocks_made += arena.made(); });
   counts.growable_blocks_visited = core_.sources_.growable.blocks_visited();
+  counts.growable_moved = core_.sources_.growable.moved();
+  counts.growable_allowance = core_.sources_.growable.allowance();
   return counts;
 }
 

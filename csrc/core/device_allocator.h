@@ -53,6 +53,8 @@ struct WorkCounts {
   std::uint64_t on_device = 0;
   std::size_t blocks_made = 0;
   std::uint64_t growable_blocks_visited = 0;
+  std::size_t growable_moved = 0;      // bytes unmapped, ever, to make room at the high mark
+  std::size_t growable_allowance = 0;  // bytes a growth may pass the high mark by now (GrowableSegments)
 };
 
 // A private pool's options (MemPool's). kNoSplit: its blocks are never split (it can only be

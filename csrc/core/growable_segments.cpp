@@ -62,17 +62,41 @@ Block* GrowableSegments::grow(Request& r) {
 // the job's allocated peak, not the holes. Only the request's stream's free pages are taken, so
 // what must be waited for is that stream's queued work, not the device's: other streams (a data
 // loader's, a collective's) run on. That wait and the remapping are paid only while reserved is at
-// its high mark, which a job reaches in its first steps; once the cache holds the job's working
-// set it stops happening.
+// its high mark, which a job with a fixed working set (a training loop) reaches in its first
+// steps; once the cache holds that working set it stops happening.
+//
+// A job whose shapes never settle (a server allocating random sizes from many requests) would pay
+// it for ever: every few hundred calls its holes no longer fit a request, and pages move (an unmap
+// and a map per 2 MiB, tens of microseconds each) where PyTorch's allocator would have cached one
+// more segment once. So moving pages buys room: once the pages moved since the last grant add up
+// to the high mark itself (the job has moved a whole cache's worth), the mark may be passed by an
+// allowance, an eighth of the mark the first time and twice the last grant each time after, which
+// growths past the mark use up. A training loop that moves less than its cache keeps reserved at
+// its allocated peak; a job that keeps moving pages pays at most one cache's worth of moves per
+// grant, and the grants double, so after a few its cache holds its working set, as native's does.
+// None of this passes the cap: a growth within the allowance still asks it.
 bool GrowableSegments::recycle_before_high_mark(const Growth& growth, StreamId stream, std::size_t size) {
   const std::size_t pages = growth.block ? growth.pages : round_up(size, page_size_);
   const std::size_t reserved = d_.cap.reserved();
   if (reserved + pages <= d_.reserved_high) return false;
+  const std::size_t past = reserved + pages - d_.reserved_high;
+  if (past <= allowance_) {
+    allowance_ -= past;
+    return false;
+  }
   // The free blocks the growth would join stay: unmapping them would only add to the pages needed.
   const Block* u = growth.block;
   const Block* before = u && u->prev && u->prev->is_cached() ? u->prev : nullptr;
   const Block* after = u && u->next && u->next->is_cached() ? u->next : nullptr;
-  return unmap_stream_pages(stream, reserved + pages - d_.reserved_high, {before, after}) > 0;
+  const std::size_t moved = unmap_stream_pages(stream, past, {before, after});
+  remapped_ += moved;
+  moved_ += moved;
+  if (remapped_ >= d_.reserved_high) {
+    next_grant_ = next_grant_ == 0 ? d_.reserved_high / 8 : 2 * next_grant_;
+    allowance_ += next_grant_;
+    remapped_ = 0;
+  }
+  return moved > 0;
 }
 
 // The unmapped block that, mapped from its start and joined with its free mapped neighbours,

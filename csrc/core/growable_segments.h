@@ -43,6 +43,10 @@ class GrowableSegments final : public MemorySource {
   // Blocks the unmapping walks have looked at, ever: what a release or a growth past the high mark
   // costs, for tests.
   std::uint64_t blocks_visited() const { return blocks_visited_; }
+  // The high mark's allowance (Note in growable_segments.cpp), for tests: the bytes unmapped to
+  // make room there, ever, and the bytes a growth may pass the mark by now.
+  std::size_t moved() const { return moved_; }
+  std::size_t allowance() const { return allowance_; }
 
  private:
   struct Growth {
@@ -68,6 +72,13 @@ class GrowableSegments final : public MemorySource {
   std::size_t page_size_ = 0;
   bool on_;  // asked for (in effect only if page_size_ > 0)
   mutable std::uint64_t blocks_visited_ = 0;
+  // The high mark's allowance (Note in growable_segments.cpp): bytes unmapped to make room since
+  // the allowance last grew, the bytes a growth may still pass the mark by without that, and the
+  // next grant.
+  std::size_t remapped_ = 0;
+  std::size_t moved_ = 0;
+  std::size_t allowance_ = 0;
+  std::size_t next_grant_ = 0;
 };
 
 }  // namespace gpumem

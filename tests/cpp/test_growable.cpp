@@ -2,6 +2,8 @@
 // mapped as blocks need them and unmapped when free, the cap counts mapped bytes, and a request
 // fits whenever the pages it needs fit under the limit, however the free memory is scattered.
 #include <algorithm>
+#include <random>
+#include <vector>
 
 #include "helpers.h"
 
@@ -457,4 +459,84 @@ TEST_CASE("frees above a lowered limit unmap free pages until reserved is under 
   VmSim sim(1000 * 1000 * 1000);
   free_everything_above_a_lowered_limit(sim);
   REQUIRE(sim.ledger().mapped <= 100 * 1000 * 1000);  // what is left is pages, unmapped as freed
+}
+
+namespace {
+
+// A job whose shapes never settle: up to `live` blocks of 2 to 18 MiB held, one freed at random
+// and another made at each step, so the holes rarely fit the next request.
+struct Churn {
+  std::vector<Block*> held;
+  std::mt19937_64 rng{3};
+  void step(VmSim& sim, std::size_t live = 7) {
+    if (held.size() >= live) {
+      const std::size_t k = rng() % held.size();
+      sim.free(held[k]);
+      held.erase(held.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+    held.push_back(sim.malloc((2 + 4 * (rng() % 5)) * MiB));
+  }
+  void end(VmSim& sim) {
+    for (Block* b : held) sim.free(b);
+    held.clear();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a job that keeps moving pages earns room past the high mark once it has moved a whole cache's worth",
+          "[growable][high-mark]") {
+  VmSim sim;
+  Churn churn;
+  int step = 0;
+  while (sim.alloc.work_counts().growable_allowance == 0 && step < 20000) {
+    const std::size_t moved_before = sim.alloc.work_counts().growable_moved;
+    const std::size_t mark_before = sim.ledger().peak;  // reserved's high mark: only pages are reserved here
+    churn.step(sim);
+    ++step;
+    const WorkCounts counts = sim.alloc.work_counts();
+    if (counts.growable_allowance > 0) {
+      // Granted at the step whose moves took the total to the mark: an eighth of the mark.
+      REQUIRE(counts.growable_moved >= mark_before);
+      REQUIRE(moved_before < mark_before);
+      REQUIRE(counts.growable_allowance <= sim.ledger().peak / 8);
+    }
+  }
+  INFO("steps: " << step);
+  REQUIRE(sim.alloc.work_counts().growable_allowance > 0);
+  // From now on growths pass the mark, within the allowance, instead of moving pages each time.
+  const std::size_t mark = sim.ledger().peak;
+  const std::size_t moved = sim.alloc.work_counts().growable_moved;
+  const std::size_t allowance = sim.alloc.work_counts().growable_allowance;
+  for (int i = 0; i < 200; ++i) churn.step(sim);
+  const WorkCounts after = sim.alloc.work_counts();
+  REQUIRE(sim.ledger().peak > mark);
+  // Moves before the next grant are at most a mark's worth; the mark rose by at most what was granted.
+  REQUIRE(after.growable_moved - moved <= sim.ledger().peak + 18 * MiB);
+  REQUIRE(sim.ledger().peak <= mark + allowance + 2 * (allowance + 18 * MiB));
+  churn.end(sim);
+  sim.alloc.check_invariants();
+}
+
+TEST_CASE("a job whose every step moves the same pages earns the room that ends it, and no more", "[growable][high-mark]") {
+  VmSim sim;
+  // Each round: the 14 MiB request fits no hole of the 20 MiB the round before left, and moves pages.
+  auto round = [&] {
+    Block* a = sim.malloc(8 * MiB);
+    Block* b = sim.malloc(4 * MiB);
+    Block* c = sim.malloc(8 * MiB);
+    sim.free(a);
+    sim.free(c);
+    sim.free(sim.malloc(14 * MiB));
+    sim.free(b);
+  };
+  round();
+  REQUIRE(sim.ledger().peak == 20 * MiB);  // the first time, pages move instead of the mark rising
+  std::size_t moved_at_100 = 0;
+  for (int i = 1; i < 200; ++i) {
+    round();
+    if (i == 100) moved_at_100 = sim.alloc.work_counts().growable_moved;
+  }
+  REQUIRE(sim.alloc.work_counts().growable_moved == moved_at_100);  // it stopped moving pages
+  REQUIRE(sim.ledger().peak <= 26 * MiB);  // the mark passed by the 6 MiB the request lacked, no more
 }
