@@ -78,7 +78,7 @@ py::list snapshot_list(const DeviceAllocator& device) {
 LimitScope scope_of(const std::string& name) {
   if (name == limit_scope_name(LimitScope::kAllocator)) return LimitScope::kAllocator;
   if (name == limit_scope_name(LimitScope::kProcess)) return LimitScope::kProcess;
-  throw LimitSpecError("gpumem: bad limit scope " + shown(name) + ": expected \"allocator\" or \"process\"");
+  throw LimitSpecError({"limit scope", name, "it is not a scope", "\"allocator\" or \"process\"", ""});
 }
 
 void set_limit_bytes(DeviceAllocator& device, std::optional<std::size_t> nbytes) { device.set_limit(nbytes); }
