@@ -11,8 +11,9 @@
 //     on both: joins the table at a path the package chose (docs/design.md);
 //   - what monitoring reads, on both (existing_devices, device_figures, watch_pressure,
 //     pressure_crossings): nothing of it counts the devices, makes an allocator or starts CUDA.
-// Errors: LimitSpecError and DeviceError -> ValueError; gpumem's OutOfMemoryError ->
-// _C.OutOfMemoryError (a MemoryError); install() too late -> RuntimeError.
+// Errors: LimitSpecError -> _C.LimitSpecError (a ValueError with the error's parts); DeviceError
+// -> ValueError; gpumem's OutOfMemoryError -> _C.OutOfMemoryError (a MemoryError); install() too
+// late -> RuntimeError.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -204,8 +205,32 @@ py::object oom_object(PyObject* type, const OutOfMemoryError& e) {
   return error;
 }
 
+// _C.LimitSpecError carries the parts its message was made from (core/errors.h), so that the
+// package words its own messages from them (python/gpumem/_limits.py) rather than parse this one.
+py::object limit_spec_object(PyObject* type, const LimitSpecError& e) {
+  py::object error = py::reinterpret_borrow<py::object>(type)(e.what());
+  error.attr("setting") = e.setting();
+  error.attr("spec") = e.spec() ? py::object(py::str(*e.spec())) : py::object(py::none());
+  error.attr("reason") = e.reason();
+  error.attr("forms") = e.forms();
+  return error;
+}
+
+// Sets `type` with `make()`'s instance as the Python error; with the message alone if there is no
+// memory for the attributes.
+template <class Make>
+void set_error(PyObject* type, const char* message, Make make) {
+  try {
+    const py::object instance = make();
+    PyErr_SetObject(type, instance.ptr());
+  } catch (const py::error_already_set&) {
+    PyErr_SetString(type, message);
+  }
+}
+
 // Held for the life of the process: the translator may run until the interpreter ends.
 PyObject* oom_type = nullptr;
+PyObject* limit_spec_type = nullptr;
 
 void register_errors(py::module_& m) {
   oom_type = PyErr_NewExceptionWithDoc(
@@ -216,18 +241,21 @@ void register_errors(py::module_& m) {
       PyExc_MemoryError, nullptr);
   if (!oom_type) throw py::error_already_set();
   m.attr("OutOfMemoryError") = py::reinterpret_borrow<py::object>(oom_type);
+  // A ValueError, as it has always been, so callers that catch ValueError go on catching it.
+  limit_spec_type = PyErr_NewExceptionWithDoc(
+      "gpumem._C.LimitSpecError",
+      "A setting's value that gpumem refused (a ValueError). Attributes: setting (what the value was for), "
+      "spec (the value as given, or None), reason (why, alone) and forms (the accepted forms, or '').",
+      PyExc_ValueError, nullptr);
+  if (!limit_spec_type) throw py::error_already_set();
+  m.attr("LimitSpecError") = py::reinterpret_borrow<py::object>(limit_spec_type);
   py::register_exception_translator([](std::exception_ptr error) {
     try {
       if (error) std::rethrow_exception(error);
     } catch (const OutOfMemoryError& e) {
-      try {
-        const py::object instance = oom_object(oom_type, e);
-        PyErr_SetObject(oom_type, instance.ptr());
-      } catch (const py::error_already_set&) {  // no memory for the attributes: the message alone
-        PyErr_SetString(oom_type, e.what());
-      }
+      set_error(oom_type, e.what(), [&] { return oom_object(oom_type, e); });
     } catch (const LimitSpecError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
+      set_error(limit_spec_type, e.what(), [&] { return limit_spec_object(limit_spec_type, e); });
     } catch (const DeviceError& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     }

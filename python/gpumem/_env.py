@@ -68,7 +68,7 @@ def resolve_limit(text: str, totals: Optional[Sequence[int]] = None) -> Optional
             return _C.resolve_limit_text(text, list(totals))
         for _, spec in _C.parse_limit_assignments(text):
             _limits.check_syntax(spec)
-    except ValueError as error:
+    except _C.LimitSpecError as error:
         raise SettingError(VARIABLE, text, _limits.reason(error)) from None
     return None
 

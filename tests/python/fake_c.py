@@ -24,6 +24,7 @@ class FakeC:
     resolve_limit_text = staticmethod(_C.resolve_limit_text)  # what _run_setup applies, so one verdict
     format_bytes = staticmethod(_C.format_bytes)
     OutOfMemoryError = _C.OutOfMemoryError
+    LimitSpecError = _C.LimitSpecError
 
     def __init__(self, totals: list[int], page_sizes: list[int] | None = None):
         self.totals = list(totals)
