@@ -264,6 +264,7 @@ void register_errors(py::module_& m) {
 
 void bind_limits(py::module_& m) {
   m.attr("limit_forms") = kLimitForms;
+  m.attr("SHOWN_LENGTH") = kShownBytes;  // python/gpumem/_words.py cuts the user's text after as many
   m.attr("PRESSURE_REARM_GAP") = kPressureRearmGap;
   m.attr("MAX_PRESSURE_SHARES") = kMaxPressureWatches;
   m.def("parse_limit", &parse_limit, py::arg("spec"), py::arg("device_total"),

@@ -352,7 +352,7 @@ def _number(n: Optional[int]) -> str:
 
 
 def _text(text: str) -> str:
-    return shown(text, quote="", limit=200)  # from outside: escaped
+    return shown(text, quote="")  # from outside: escaped
 
 
 def _cut(text: str) -> str:

@@ -155,3 +155,9 @@ def test_a_refused_byte_count_has_no_spec_text():
     assert (error.setting, error.spec, error.forms) == ("limit", None, _C.limit_forms)
     assert error.reason == "16.00 GiB is above device 0's total of 8.00 GiB"
 
+
+def test_python_and_the_compiled_layer_cut_the_users_text_after_as_many_units():
+    from gpumem import _words
+
+    assert _words.SHOWN_LENGTH == _C.SHOWN_LENGTH
+    assert _words.shown("9" * 100, quote='"') == '"' + "9" * _C.SHOWN_LENGTH + '"… (100 characters)'
