@@ -96,8 +96,9 @@ py::list existing_device_list(const CachingAllocator& core) {
 
 // One device's figures for a scrape: reserved and the limit lock-free, one copy of the statistics
 // (the lock held only for the copy), the device's own free and total where it can say (None if
-// asking fails). The GIL is released while they are read.
-py::dict device_figures(DeviceAllocator& device) {
+// asking fails, or when not `device_memory`: the publisher makes no CUDA call). The GIL is released
+// while they are read.
+py::dict device_figures(DeviceAllocator& device, bool device_memory) {
   std::size_t reserved = 0, limit = 0, outside = 0;
   OutsideSource source = OutsideSource::kNone;
   LimitScope scope = LimitScope::kAllocator;
@@ -113,7 +114,7 @@ py::dict device_figures(DeviceAllocator& device) {
     stats = device.stats();
     // Asking the driver makes a CUDA context on a device that has none (one set_limit configured
     // but the program never used): only a device that holds memory, and so has one, is asked.
-    if (reserved > 0) quietly([&] { mem = device.device_mem_info(); });
+    if (device_memory && reserved > 0) quietly([&] { mem = device.device_mem_info(); });
   }
   py::object free = mem ? py::cast(mem->free) : py::none();
   py::object total = mem ? py::cast(mem->total) : py::none();
@@ -125,10 +126,10 @@ py::dict device_figures(DeviceAllocator& device) {
 
 py::object share_status(CachingAllocator& core, int device);
 
-py::dict figures_of(const CachingAllocator& core, int index) {
+py::dict figures_of(const CachingAllocator& core, int index, bool device_memory) {
   DeviceAllocator* d = core.existing(index);
   if (!d) throw DeviceError("gpumem: device " + std::to_string(index) + " has not been used yet: no figures");
-  py::dict figures = device_figures(*d);
+  py::dict figures = device_figures(*d, device_memory);
   figures["sharing"] = share_status(const_cast<CachingAllocator&>(core), index);  // None where it does not share
   return figures;
 }
@@ -440,8 +441,10 @@ void bind_process_allocator(py::module_& m) {
   }, py::arg("device"));
   m.def("existing_devices", [core] { return existing_device_list(core()); },
         "The devices in use (their allocator made), without counting devices or starting CUDA.");
-  m.def("device_figures", [core](int device) { return figures_of(core(), device); }, py::arg("device"),
-        "A device in use: reserved, limit, stats, device_free and device_total (None where unknown).");
+  m.def("device_figures", [core](int device, bool device_memory) { return figures_of(core(), device, device_memory); },
+        py::arg("device"), py::arg("device_memory") = true,
+        "A device in use: reserved, limit, stats, scope, outside, sharing, device_free and device_total (None "
+        "where unknown, or not asked: device_memory=False).");
   m.def("watch_pressure", [core](double share) { core().watch_pressure(share); }, py::arg("share"),
         "Counts crossings of `share` of the limit on every device, those used later too.");
   m.def("pressure_crossings", [core] { return pressure_list(core()); },
@@ -499,8 +502,8 @@ void bind_sim_allocator(py::module_& m) {
       .def("largest_free_block", [](SimAllocator& s, int device) { return s.device(device).largest_free_block(); },
            py::arg("device"))
       .def("existing_devices", [](SimAllocator& s) { return existing_device_list(s.core()); })
-      .def("device_figures", [](SimAllocator& s, int device) { return figures_of(s.core(), device); },
-           py::arg("device"))
+      .def("device_figures", [](SimAllocator& s, int device, bool device_memory) { return figures_of(s.core(), device, device_memory); },
+           py::arg("device"), py::arg("device_memory") = true)
       .def("watch_pressure", [](SimAllocator& s, double share) { s.core().watch_pressure(share); }, py::arg("share"))
       .def("pressure_crossings", [](SimAllocator& s) { return pressure_list(s.core()); });
 }

@@ -72,6 +72,12 @@ def bounded(message: str) -> str:
     return shown(message, quote="", limit=MESSAGE_LENGTH)
 
 
+def relayed(error: BaseException) -> str:
+    """An error's message for a line that says what it stopped, bounded: without the "gpumem: "
+    that begins gpumem's own messages (the line says gpumem already), its type for an empty one."""
+    return bounded(str(error).removeprefix("gpumem: ") or type(error).__name__)
+
+
 def _cut(text: str, limit: int, quote: str) -> str:
     # The count is of the value's characters, before escaping, as the compiled layer counts bytes.
     body = quote + "".join(_escaped(char, quote) for char in text[:limit]) + quote
