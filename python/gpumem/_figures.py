@@ -86,7 +86,8 @@ FIGURES = (
     Figure("gpumem_allocated_peak_bytes", "gauge", "The most allocated since the start or the last peak reset.",
            _stat("allocated_bytes.all.peak"), key="allocated_peak"),
     Figure("gpumem_reserved_bytes", "gauge",
-           "Bytes gpumem holds from the device, counted against the limit (torch.cuda.memory_reserved).",
+           "Bytes gpumem holds from the device, counted against the limit: torch.cuda.memory_reserved, plus "
+           "memory handed out while caching is off.",
            reserved, key="reserved"),
     Figure("gpumem_reserved_peak_bytes", "gauge", "The most reserved since the start or the last peak reset.",
            _stat("reserved_bytes.all.peak"), key="reserved_peak"),
