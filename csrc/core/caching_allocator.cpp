@@ -82,9 +82,10 @@ void CachingAllocator::watch_pressure(double share) {
   std::lock_guard<std::mutex> lock(create_mutex_);
   if (std::find(pressure_shares_.begin(), pressure_shares_.end(), share) != pressure_shares_.end()) return;
   if (pressure_shares_.size() == static_cast<std::size_t>(kMaxPressureWatches)) {
-    throw LimitSpecError("gpumem: cannot watch pressure at " + std::to_string(share) + ": at most " +
-                         std::to_string(kMaxPressureWatches) + " different shares can be watched, and " +
-                         std::to_string(kMaxPressureWatches) + " are; reuse one of them");
+    throw LimitSpecError({"pressure share", std::to_string(share),
+                          "at most " + std::to_string(kMaxPressureWatches) + " different shares can be watched, and " +
+                              std::to_string(kMaxPressureWatches) + " are; reuse one of them",
+                          "", ""});
   }
   pressure_shares_.push_back(share);
   // Before the devices are counted none exists, and devices_ may be being sized: a device made

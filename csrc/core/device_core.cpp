@@ -48,8 +48,10 @@ Block* try_cached(Pool& pool, const Request& r) { return pool.blocks_for(r.small
 
 void check_limit_fits(std::optional<std::size_t> limit, int device, std::size_t total) {
   if (!limit || *limit <= total) return;
-  throw LimitSpecError("gpumem: limit of " + format_bytes(*limit) + " is above device " + std::to_string(device) +
-                       "'s total of " + format_bytes(total) + ". " + kLimitForms);
+  throw LimitSpecError({"limit", std::nullopt,
+                        format_bytes(*limit) + " is above device " + std::to_string(device) + "'s total of " +
+                            format_bytes(total),
+                        kLimitForms, ""});
 }
 
 DeviceCore::DeviceCore(Backend& backend, int device, const AllocatorConfig& config, DeviceAllocator* owner)

@@ -84,19 +84,26 @@ std::string shown(std::string_view text) {
   return out;
 }
 
-std::size_t shown_end(std::string_view s) {
-  if (s.empty() || s[0] != '"') return std::string_view::npos;
-  std::size_t i = 1;
-  while (i < s.size() && s[i] != '"') i += s[i] == '\\' ? 2 : 1;
-  if (i >= s.size()) return std::string_view::npos;
-  ++i;
-  constexpr std::string_view cut = "... (";
-  if (s.substr(i, cut.size()) == cut) {
-    const std::size_t close = s.find(')', i);
-    if (close != std::string_view::npos) i = close + 1;
-  }
-  return i;
+namespace {
+
+// Note [errors carry their parts]
+// A message is made once, where the error is thrown, from parts the error keeps. A layer that
+// reports the error in its own words (startup.cpp names GPUMEM_LIMIT; python/gpumem/_limits.py
+// shows the spec as Python's messages do) reads the parts, so a change of wording here cannot
+// break what it says, and a quoted spec that happens to hold ": " cannot cut the reason short.
+std::string limit_spec_message(const LimitSpecParts& p) {
+  std::string out = "gpumem: bad " + p.setting;
+  if (p.spec) out += " " + shown(*p.spec);
+  out += ": " + p.reason;
+  if (!p.forms.empty()) out += ". Accepted forms: " + p.forms;
+  if (!p.next.empty()) out += ". " + p.next;
+  return out;
 }
+
+}  // namespace
+
+LimitSpecError::LimitSpecError(LimitSpecParts parts)
+    : std::invalid_argument(limit_spec_message(parts)), parts_(std::move(parts)) {}
 
 namespace {
 

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -12,9 +13,31 @@ namespace gpumem {
 
 // A limit spec (or another user setting) that does not parse or is out of range. The setting it
 // was meant for is left unchanged.
+//
+// The error carries its parts, so that a layer that names the setting its own way (GPUMEM_LIMIT,
+// the Python package) takes the reason and the forms as they are and never parses what() (see
+// Note [errors carry their parts] in errors.cpp). what() is made from them once:
+//   gpumem: bad SETTING "SPEC": REASON. Accepted forms: FORMS. NEXT
+// with the quoted spec left out when there is none, and each of the last two parts when it is "".
+struct LimitSpecParts {
+  std::string setting;              // what the value was for: "limit", "GPUMEM_LIMIT", "release threshold"
+  std::optional<std::string> spec;  // the value as the user gave it, not yet shown(); none if there was no text
+  std::string reason;               // why it was refused, alone: no "gpumem: ", spec, forms or final "."
+  std::string forms;                // the accepted forms; "" when no list of forms applies
+  std::string next;                 // what to do, a sentence ending in "."; "" when the forms say it
+};
+
 class LimitSpecError : public std::invalid_argument {
  public:
-  using std::invalid_argument::invalid_argument;
+  explicit LimitSpecError(LimitSpecParts parts);
+  const LimitSpecParts& parts() const noexcept { return parts_; }
+  const std::string& setting() const noexcept { return parts_.setting; }
+  const std::optional<std::string>& spec() const noexcept { return parts_.spec; }
+  const std::string& reason() const noexcept { return parts_.reason; }
+  const std::string& forms() const noexcept { return parts_.forms; }
+
+ private:
+  LimitSpecParts parts_;
 };
 
 // A device index that the backend does not have.
@@ -72,11 +95,11 @@ void quietly(F&& f) noexcept {
 
 // `text` as a message echoes a value the user gave: in double quotes, with control characters and
 // bytes that are not UTF-8 escaped (\n, \x00), and cut after kShownBytes with its length said, so
-// that a NUL does not end the message early and a 10 MB value stays a short line.
+// that a NUL does not end the message early and a 10 MB value stays a short line. The one rule for
+// the user's text in a message: python/gpumem/_words.py's shown() cuts after as many characters
+// (_C.SHOWN_LENGTH; tests/python/test_limit_grammar.py holds the two equal).
 constexpr std::size_t kShownBytes = 64;
 std::string shown(std::string_view text);
-// Where what shown() wrote ends, for `s` that starts with it; npos if it does not.
-std::size_t shown_end(std::string_view s);
 
 // "4.00 GiB", "512 bytes": the form every message uses.
 std::string format_bytes(std::size_t bytes);

@@ -46,8 +46,7 @@ std::string quoted(std::string_view s) { return shown(s); }
 // `text` is quoted as the user gave it, white space included, so they can find it (shown() escapes
 // control characters and cuts a long one short).
 [[noreturn]] void reject(std::string_view text, const std::string& reason) {
-  throw LimitSpecError("gpumem: bad limit " + quoted(text) + ": " + reason +
-                       ". Accepted forms: " + kLimitForms);
+  throw LimitSpecError({"limit", std::string(text), reason, kLimitForms, ""});
 }
 
 // ---- checked arithmetic on size_t -----------------------------------------------------------
@@ -210,8 +209,7 @@ void check_range(std::string_view text, std::size_t bytes, std::size_t device_to
 // ---- GPUMEM_LIMIT lists ---------------------------------------------------------------------
 
 [[noreturn]] void reject_list(std::string_view text, const std::string& reason) {
-  throw LimitSpecError("gpumem: bad limit list " + quoted(text) + ": " + reason +
-                       ". Accepted forms: " + kListForms + ", where SPEC is " + kLimitForms);
+  throw LimitSpecError({"limit list", std::string(text), reason, std::string(kListForms) + ", where SPEC is " + kLimitForms, ""});
 }
 
 std::vector<std::string_view> split(std::string_view s, char sep) {

@@ -13,8 +13,8 @@ namespace gpumem {
 
 void check_pressure_share(double share) {
   if (!(share > 0.0 && share <= 1.0)) {
-    throw LimitSpecError("gpumem: bad pressure share " + std::to_string(share) +
-                         ": expected a share of the limit in (0, 1], such as 0.85");
+    throw LimitSpecError({"pressure share", std::to_string(share), "it is not a share of the limit",
+                          "a share of the limit in (0, 1], such as 0.85", ""});
   }
 }
 

@@ -11,8 +11,8 @@ namespace gpumem {
 
 void check_release_threshold(double share) {
   if (!(share >= 0.0 && share <= 1.0)) {
-    throw LimitSpecError("gpumem: bad release threshold " + std::to_string(share) +
-                         ": expected a share of the limit in (0, 1], or 0 to turn it off");
+    throw LimitSpecError({"release threshold", std::to_string(share), "it is not a share of the limit",
+                          "a share of the limit in (0, 1], or 0 to turn it off", ""});
   }
 }
 

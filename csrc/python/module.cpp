@@ -11,8 +11,9 @@
 //     on both: joins the table at a path the package chose (docs/design.md);
 //   - what monitoring reads, on both (existing_devices, device_figures, watch_pressure,
 //     pressure_crossings): nothing of it counts the devices, makes an allocator or starts CUDA.
-// Errors: LimitSpecError and DeviceError -> ValueError; gpumem's OutOfMemoryError ->
-// _C.OutOfMemoryError (a MemoryError); install() too late -> RuntimeError.
+// Errors: LimitSpecError -> _C.LimitSpecError (a ValueError with the error's parts); DeviceError
+// -> ValueError; gpumem's OutOfMemoryError -> _C.OutOfMemoryError (a MemoryError); install() too
+// late -> RuntimeError.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -78,7 +79,7 @@ py::list snapshot_list(const DeviceAllocator& device) {
 LimitScope scope_of(const std::string& name) {
   if (name == limit_scope_name(LimitScope::kAllocator)) return LimitScope::kAllocator;
   if (name == limit_scope_name(LimitScope::kProcess)) return LimitScope::kProcess;
-  throw LimitSpecError("gpumem: bad limit scope " + shown(name) + ": expected \"allocator\" or \"process\"");
+  throw LimitSpecError({"limit scope", name, "it is not a scope", "\"allocator\" or \"process\"", ""});
 }
 
 void set_limit_bytes(DeviceAllocator& device, std::optional<std::size_t> nbytes) { device.set_limit(nbytes); }
@@ -95,8 +96,9 @@ py::list existing_device_list(const CachingAllocator& core) {
 
 // One device's figures for a scrape: reserved and the limit lock-free, one copy of the statistics
 // (the lock held only for the copy), the device's own free and total where it can say (None if
-// asking fails). The GIL is released while they are read.
-py::dict device_figures(DeviceAllocator& device) {
+// asking fails, or when not `device_memory`: the publisher makes no CUDA call). The GIL is released
+// while they are read.
+py::dict device_figures(DeviceAllocator& device, bool device_memory) {
   std::size_t reserved = 0, limit = 0, outside = 0;
   OutsideSource source = OutsideSource::kNone;
   LimitScope scope = LimitScope::kAllocator;
@@ -112,7 +114,7 @@ py::dict device_figures(DeviceAllocator& device) {
     stats = device.stats();
     // Asking the driver makes a CUDA context on a device that has none (one set_limit configured
     // but the program never used): only a device that holds memory, and so has one, is asked.
-    if (reserved > 0) quietly([&] { mem = device.device_mem_info(); });
+    if (device_memory && reserved > 0) quietly([&] { mem = device.device_mem_info(); });
   }
   py::object free = mem ? py::cast(mem->free) : py::none();
   py::object total = mem ? py::cast(mem->total) : py::none();
@@ -124,10 +126,10 @@ py::dict device_figures(DeviceAllocator& device) {
 
 py::object share_status(CachingAllocator& core, int device);
 
-py::dict figures_of(const CachingAllocator& core, int index) {
+py::dict figures_of(const CachingAllocator& core, int index, bool device_memory) {
   DeviceAllocator* d = core.existing(index);
   if (!d) throw DeviceError("gpumem: device " + std::to_string(index) + " has not been used yet: no figures");
-  py::dict figures = device_figures(*d);
+  py::dict figures = device_figures(*d, device_memory);
   figures["sharing"] = share_status(const_cast<CachingAllocator&>(core), index);  // None where it does not share
   return figures;
 }
@@ -204,8 +206,32 @@ py::object oom_object(PyObject* type, const OutOfMemoryError& e) {
   return error;
 }
 
+// _C.LimitSpecError carries the parts its message was made from (core/errors.h), so that the
+// package words its own messages from them (python/gpumem/_limits.py) rather than parse this one.
+py::object limit_spec_object(PyObject* type, const LimitSpecError& e) {
+  py::object error = py::reinterpret_borrow<py::object>(type)(e.what());
+  error.attr("setting") = e.setting();
+  error.attr("spec") = e.spec() ? py::object(py::str(*e.spec())) : py::object(py::none());
+  error.attr("reason") = e.reason();
+  error.attr("forms") = e.forms();
+  return error;
+}
+
+// Sets `type` with `make()`'s instance as the Python error; with the message alone if there is no
+// memory for the attributes.
+template <class Make>
+void set_error(PyObject* type, const char* message, Make make) {
+  try {
+    const py::object instance = make();
+    PyErr_SetObject(type, instance.ptr());
+  } catch (const py::error_already_set&) {
+    PyErr_SetString(type, message);
+  }
+}
+
 // Held for the life of the process: the translator may run until the interpreter ends.
 PyObject* oom_type = nullptr;
+PyObject* limit_spec_type = nullptr;
 
 void register_errors(py::module_& m) {
   oom_type = PyErr_NewExceptionWithDoc(
@@ -216,18 +242,21 @@ void register_errors(py::module_& m) {
       PyExc_MemoryError, nullptr);
   if (!oom_type) throw py::error_already_set();
   m.attr("OutOfMemoryError") = py::reinterpret_borrow<py::object>(oom_type);
+  // A ValueError, as it has always been, so callers that catch ValueError go on catching it.
+  limit_spec_type = PyErr_NewExceptionWithDoc(
+      "gpumem._C.LimitSpecError",
+      "A setting's value that gpumem refused (a ValueError). Attributes: setting (what the value was for), "
+      "spec (the value as given, or None), reason (why, alone) and forms (the accepted forms, or '').",
+      PyExc_ValueError, nullptr);
+  if (!limit_spec_type) throw py::error_already_set();
+  m.attr("LimitSpecError") = py::reinterpret_borrow<py::object>(limit_spec_type);
   py::register_exception_translator([](std::exception_ptr error) {
     try {
       if (error) std::rethrow_exception(error);
     } catch (const OutOfMemoryError& e) {
-      try {
-        const py::object instance = oom_object(oom_type, e);
-        PyErr_SetObject(oom_type, instance.ptr());
-      } catch (const py::error_already_set&) {  // no memory for the attributes: the message alone
-        PyErr_SetString(oom_type, e.what());
-      }
+      set_error(oom_type, e.what(), [&] { return oom_object(oom_type, e); });
     } catch (const LimitSpecError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
+      set_error(limit_spec_type, e.what(), [&] { return limit_spec_object(limit_spec_type, e); });
     } catch (const DeviceError& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     }
@@ -236,6 +265,7 @@ void register_errors(py::module_& m) {
 
 void bind_limits(py::module_& m) {
   m.attr("limit_forms") = kLimitForms;
+  m.attr("SHOWN_LENGTH") = kShownBytes;  // python/gpumem/_words.py cuts the user's text after as many
   m.attr("PRESSURE_REARM_GAP") = kPressureRearmGap;
   m.attr("MAX_PRESSURE_SHARES") = kMaxPressureWatches;
   m.def("parse_limit", &parse_limit, py::arg("spec"), py::arg("device_total"),
@@ -411,8 +441,10 @@ void bind_process_allocator(py::module_& m) {
   }, py::arg("device"));
   m.def("existing_devices", [core] { return existing_device_list(core()); },
         "The devices in use (their allocator made), without counting devices or starting CUDA.");
-  m.def("device_figures", [core](int device) { return figures_of(core(), device); }, py::arg("device"),
-        "A device in use: reserved, limit, stats, device_free and device_total (None where unknown).");
+  m.def("device_figures", [core](int device, bool device_memory) { return figures_of(core(), device, device_memory); },
+        py::arg("device"), py::arg("device_memory") = true,
+        "A device in use: reserved, limit, stats, scope, outside, sharing, device_free and device_total (None "
+        "where unknown, or not asked: device_memory=False).");
   m.def("watch_pressure", [core](double share) { core().watch_pressure(share); }, py::arg("share"),
         "Counts crossings of `share` of the limit on every device, those used later too.");
   m.def("pressure_crossings", [core] { return pressure_list(core()); },
@@ -470,8 +502,8 @@ void bind_sim_allocator(py::module_& m) {
       .def("largest_free_block", [](SimAllocator& s, int device) { return s.device(device).largest_free_block(); },
            py::arg("device"))
       .def("existing_devices", [](SimAllocator& s) { return existing_device_list(s.core()); })
-      .def("device_figures", [](SimAllocator& s, int device) { return figures_of(s.core(), device); },
-           py::arg("device"))
+      .def("device_figures", [](SimAllocator& s, int device, bool device_memory) { return figures_of(s.core(), device, device_memory); },
+           py::arg("device"), py::arg("device_memory") = true)
       .def("watch_pressure", [](SimAllocator& s, double share) { s.core().watch_pressure(share); }, py::arg("share"))
       .def("pressure_crossings", [](SimAllocator& s) { return pressure_list(s.core()); });
 }

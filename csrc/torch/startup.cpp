@@ -25,25 +25,12 @@ std::string_view trimmed(std::string_view s) {
   return s.substr(first, s.find_last_not_of(" \t\n\r") - first + 1);
 }
 
-// The reason alone, as the line that names GPUMEM_LIMIT and its value says it: without "gpumem: "
-// and without the spec the grammar's message quotes.
-std::string reason_of(std::string message) {
-  for (const std::string_view prefix : {std::string_view("gpumem: "), std::string_view("bad limit list "),
-                                        std::string_view("bad limit ")}) {
-    if (message.rfind(prefix, 0) != 0) continue;
-    message.erase(0, prefix.size());
-    if (prefix.front() != 'b') continue;
-    const std::size_t end = shown_end(message);  // the quoted spec
-    if (end != std::string::npos && message.compare(end, 2, ": ") == 0) message.erase(0, end + 2);
-  }
-  while (!message.empty() && message.back() == '.') message.pop_back();
-  return message;
-}
-
-[[noreturn]] void bad_limit(const std::string& text, const std::string& reason) {
-  throw LimitSpecError("gpumem: bad " + std::string(kLimitVariable) + " " + shown(text) + ": " + reason +
-                       ". No CUDA memory is handed out until it is fixed: fix " + std::string(kLimitVariable) +
-                       " or unset it, and start the program again.");
+// GPUMEM_LIMIT's whole value is the spec the message names: a per-device spec alone would not say
+// which variable to fix. The grammar's reason and forms are taken as they are (core/errors.h).
+[[noreturn]] void bad_limit(const std::string& text, const std::string& reason, const std::string& forms = "") {
+  throw LimitSpecError({std::string(kLimitVariable), text, reason, forms,
+                        "No CUDA memory is handed out until it is fixed: fix " + std::string(kLimitVariable) +
+                            " or unset it, and start the program again."});
 }
 
 std::optional<std::size_t> lower(std::optional<std::size_t> a, std::optional<std::size_t> b) {
@@ -77,7 +64,7 @@ std::vector<std::optional<std::size_t>> resolve_limit_text(const std::string& te
     try {
       return f();
     } catch (const LimitSpecError& error) {
-      bad_limit(text, reason_of(error.what()));
+      bad_limit(text, error.reason(), error.forms());
     }
   };
   const int count = static_cast<int>(totals.size());

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional, Sequence
 
-from gpumem import _C, _limits, _scope, _segments, _torch_hooks, metrics, pressure, publish, sharing
+from gpumem import _C, _limits, _scope, _segments, _torch_hooks, metrics, pressure, published, sharing
 from gpumem._words import bounded, not_utf8, shown
 
 VARIABLE = "GPUMEM_LIMIT"
@@ -68,7 +68,7 @@ def resolve_limit(text: str, totals: Optional[Sequence[int]] = None) -> Optional
             return _C.resolve_limit_text(text, list(totals))
         for _, spec in _C.parse_limit_assignments(text):
             _limits.check_syntax(spec)
-    except ValueError as error:
+    except _C.LimitSpecError as error:
         raise SettingError(VARIABLE, text, _limits.reason(error)) from None
     return None
 
@@ -107,7 +107,7 @@ def metrics_addr(environ: Mapping[str, str] = os.environ) -> str:
     return metrics.DEFAULT_ADDR if addr is None else addr
 
 
-def publish_dir(environ: Mapping[str, str] = os.environ) -> Optional[publish.RunDir]:
+def publish_dir(environ: Mapping[str, str] = os.environ) -> Optional[published.RunDir]:
     """Where the process publishes its figures for `gpumem top`; None with GPUMEM_PUBLISH=0. A bad
     GPUMEM_PUBLISH or GPUMEM_RUN_DIR raises as segments() does."""
     on = _setting(environ, PUBLISH_VARIABLE, _publish_of_text, _PUBLISH_FORMS)
@@ -115,10 +115,10 @@ def publish_dir(environ: Mapping[str, str] = os.environ) -> Optional[publish.Run
     return None if on is False else where
 
 
-def run_dir(environ: Mapping[str, str] = os.environ) -> publish.RunDir:
+def run_dir(environ: Mapping[str, str] = os.environ) -> published.RunDir:
     """GPUMEM_RUN_DIR, else the default run directory. A bad value raises as segments() does."""
     path = _setting(environ, RUN_DIR_VARIABLE, _run_dir_of_text, _RUN_DIR_FORMS, any_bytes=True)
-    return publish.default_run_dir() if path is None else publish.RunDir(path, chosen=True)
+    return published.default_run_dir() if path is None else published.RunDir(path, chosen=True)
 
 
 def share(environ: Mapping[str, str] = os.environ) -> Optional[bool]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import decimal
 import math
 import numbers
-import re
 from typing import Optional, Union
 
 from gpumem import _C, _devices
@@ -12,9 +11,6 @@ from gpumem._words import bounded, not_utf8, shown
 
 Limit = Union[str, int, float, None]
 ANY_TOTAL = 1 << 62  # checks a spec's syntax: every real device is smaller
-# What the compiled layer's messages say before the reason: "gpumem: ", and the text they quote
-# ('bad limit "4XB": ', 'bad GPUMEM_LIMIT "9:4GB": '; a quoted text may be followed by its length).
-_QUOTING_PREFIX = re.compile(r'gpumem: |bad (?:limit(?: list)?|GPUMEM_LIMIT) "(?:[^"\\]|\\.)*"[^:]*: ', re.DOTALL)
 _QUOTE = '"'  # the grammar's messages quote a limit so
 
 
@@ -44,23 +40,29 @@ def check_syntax(spec: str) -> None:
 
 def parse(spec: str, total: int) -> Optional[int]:
     """Bytes for `spec` on a device of `total` bytes (None for no limit), as the compiled grammar
-    reads it; its ValueError comes with `spec` shown as gpumem's messages show the user's text."""
+    reads it; what it refuses raises _C.LimitSpecError (a ValueError), its message showing `spec`
+    as gpumem's Python messages show the user's text."""
     problem = not_utf8(spec)
     if problem is not None:
-        raise ValueError(f"gpumem: bad limit {shown(spec, quote=_QUOTE)}: {problem}. Accepted forms: {_C.limit_forms}")
+        raise refused(spec, problem, _C.limit_forms)
     try:
         return _C.parse_limit(spec, total)
-    except ValueError as error:
-        raise ValueError(f"gpumem: bad limit {shown(spec, quote=_QUOTE)}: {bounded(reason(error))}") from None
+    except _C.LimitSpecError as error:
+        raise refused(spec, error.reason, error.forms) from None
+
+
+def refused(spec: str, why: str, forms: str) -> ValueError:
+    """The _C.LimitSpecError for limit `spec`, with the parts the compiled layer's errors carry."""
+    error = _C.LimitSpecError(f"gpumem: bad limit {shown(spec, quote=_QUOTE)}: {bounded(why)}. Accepted forms: {forms}")
+    error.setting, error.spec, error.reason, error.forms = "limit", spec, bounded(why), forms
+    return error
 
 
 def reason(error: ValueError) -> str:
-    """The compiled layer's error about a limit, without what a message that names the limit
-    itself says: "gpumem: " and the quoted text."""
-    message = str(error)
-    while (found := _QUOTING_PREFIX.match(message)) is not None:
-        message = message[found.end():]
-    return message.rstrip(".")
+    """Why a limit was refused and the forms accepted, for a message that names the limit itself:
+    the parts of the _C.LimitSpecError, read as fields (the compiled layer's message is never
+    parsed; core/errors.h)."""
+    return f"{error.reason}. Accepted forms: {error.forms}" if error.forms else error.reason
 
 
 def resolve(spec: str, devices: list[int]) -> dict[int, Optional[int]]:

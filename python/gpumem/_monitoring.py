@@ -14,10 +14,10 @@ from typing import Callable, Optional
 
 import torch
 
-from gpumem import metrics, pressure, publish
+from gpumem import metrics, pressure, publish, published
 
 
-def start(warn_at: Optional[float], metrics_port: Optional[int], publish_dir: Optional[publish.RunDir] = None,
+def start(warn_at: Optional[float], metrics_port: Optional[int], publish_dir: Optional[published.RunDir] = None,
           metrics_addr: str = metrics.DEFAULT_ADDR) -> None:
     """The settings as read (and checked) from the environment; None: not set (for publish_dir:
     GPUMEM_PUBLISH=0)."""

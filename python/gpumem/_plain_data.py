@@ -14,6 +14,8 @@ import pickletools
 import struct
 from typing import Any, Callable, Optional
 
+from gpumem._words import SHOWN_LENGTH, shown
+
 class BadPickle(ValueError):
     """A pickle the reader cannot read as plain data; the message says why."""
 
@@ -413,8 +415,7 @@ OPCODES: dict[int, tuple[Callable[[PlainReader], Optional[bool]], int]] = {
 
 # ---- describing values from the file ------------------------------------------------------------
 
-_SHOWN = 40  # the most characters of a value from the file that a message shows
-_TEN_TO_SHOWN = 10 ** _SHOWN
+_TEN_TO_SHOWN = 10 ** SHOWN_LENGTH  # an integer of more digits is described by its digit count
 _LOG10_2 = math.log10(2)
 _EXACT_DIGITS_BITS = 1 << 20  # past this, the power of ten that makes a digit count exact costs too much
 
@@ -426,7 +427,7 @@ def describe(value: Any) -> str:
     if isinstance(value, int):
         return describe_integer(value)
     if isinstance(value, str):
-        return repr(value) if len(value) <= _SHOWN else f"{value[:_SHOWN]!r}… ({len(value)} characters)"
+        return shown(value)
     if isinstance(value, dict):
         return _count("a dict of", len(value), "key") if value else "an empty dict"
     if isinstance(value, (bytes, bytearray)):
@@ -451,6 +452,5 @@ def describe_integer(value: int) -> str:
 
 
 def cut(text: str) -> str:
-    """A string for a message, without quotes: at most _SHOWN characters, on one line."""
-    shown = text[:_SHOWN] if text[:_SHOWN].isprintable() else repr(text[:_SHOWN])[1:-1]
-    return shown if len(text) <= _SHOWN else f"{shown}… ({len(text)} characters)"
+    """A string for a message, without quotes, as `shown` cuts it: on one line, not too long."""
+    return shown(text, quote="")

@@ -414,10 +414,10 @@ def _exec_failed(name: str, path: str, error: OSError) -> int:
 
 
 def _top(args) -> int:
-    from gpumem import _nvml, publish, top
+    from gpumem import _nvml, published, top
 
     warn_at = args.warn_at if args.warn_at is not None else _env.warn_at()
-    run_dirs = publish.run_dirs(_env.run_dir())
+    run_dirs = published.run_dirs(_env.run_dir())
     try:
         with top.open_nvml() as nvml:
             return top.run(nvml, run_dirs, top.WARN_AT if warn_at is None else warn_at, as_json=args.json,

@@ -8,7 +8,8 @@ it serve_metrics and Collector raise MetricsUnavailable, an ImportError that say
 are read at each scrape, per device in use: reserved and the limit without the allocator's lock,
 the rest from one copy of the statistics; every sample carries the labels device, pid and job
 (GPUMEM_JOB, else the program's name; any text, escaped by label_value). A device nobody has used yet is not reported: asking it
-would start CUDA. The metrics and their meanings are listed in docs/monitoring.md (METRICS below).
+would start CUDA. The metrics are the figures of gpumem._figures, which `gpumem top` shows too; their
+meanings are listed in docs/monitoring.md.
 
 GPUMEM_METRICS_PORT (see serve_for_environment) is a base port: each process serves on
 (base + LOCAL_RANK), LOCAL_RANK 0 when unset, so the ranks of a torchrun job on one node take
@@ -27,7 +28,7 @@ import re
 import sys
 from typing import Mapping, Optional, Sequence
 
-from gpumem import _C, _http
+from gpumem import _C, _figures, _http
 from gpumem._words import shown
 
 JOB_VARIABLE = "GPUMEM_JOB"
@@ -37,54 +38,15 @@ PORT_FORMS = "a port number in 1..65535 (each process serves on it plus LOCAL_RA
 ADDR_FORMS = ("an address to listen on: an IP address of this machine such as 127.0.0.1 (the default: this "
               "machine only) or 0.0.0.0 (every interface: the network), :: or ::1 for IPv6, or a host name")
 _HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
-OOM_CASES = {  # the label `case` of gpumem_ooms_total -> the statistic that counts it
-    "over_limit": "num_ooms_over_limit",
-    "device_full": "num_ooms_device_full",
-    "fragmentation": "num_ooms_fragmentation",
-}
 _LABELS = ("device", "pid", "job")
 _MAX_LABEL = 128
 _TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 _INSTALL = "pip install prometheus_client (or pip install 'gpumem[metrics]')"
 
-# (name, kind, help, extra label). The values are read in Collector._device_samples.
-METRICS = (
-    ("gpumem_allocated_bytes", "gauge", "Bytes in blocks handed out to PyTorch (torch.cuda.memory_allocated).", None),
-    ("gpumem_allocated_peak_bytes", "gauge", "The most allocated since the start or the last peak reset.", None),
-    ("gpumem_reserved_bytes", "gauge",
-     "Bytes gpumem holds from the device, counted against the limit (torch.cuda.memory_reserved).", None),
-    ("gpumem_reserved_peak_bytes", "gauge", "The most reserved since the start or the last peak reset.", None),
-    ("gpumem_limit_bytes", "gauge",
-     "The cap: on reserved bytes, or under a limit on the whole process on gpumem_counted_bytes.", None),
-    ("gpumem_counted_bytes", "gauge",
-     "What the limit measures: reserved, plus the process's memory outside gpumem under a limit on the "
-     "whole process (GPUMEM_SCOPE=process).", None),
-    ("gpumem_free_under_limit_bytes", "gauge",
-     "Bytes gpumem may still reserve before the limit refuses: limit - reserved (- the process's memory "
-     "outside gpumem under a limit on the whole process), 0 above a lowered limit.", None),
-    ("gpumem_process_outside_bytes", "gauge",
-     "Under a limit on the whole process: the process's device memory outside gpumem (CUDA context, "
-     "libraries), as last measured and counted against the limit; source: where it was measured from "
-     "(process accounting, or the device at first use).", "source"),
-    ("gpumem_outside_bytes", "gauge",
-     "Device memory in use that gpumem did not reserve (other processes, CUDA contexts, other allocators): "
-     "device total - device free - reserved, from cudaMemGetInfo.", None),
-    ("gpumem_ooms", "counter", "Requests gpumem refused with out-of-memory, by case.", "case"),
-    ("gpumem_alloc_retries", "counter", "Requests that released cached memory and tried again.", None),
-    ("gpumem_cache_releases", "counter", "Times cached memory was given back to the device.", None),
-    ("gpumem_pressure_crossings", "counter",
-     "Times reserved passed a watched share of the limit (gpumem.on_pressure, GPUMEM_WARN_AT).", "share"),
-    ("gpumem_floor_bytes", "gauge",
-     "Sharing the GPU (GPUMEM_FLOOR, GPUMEM_SHARE): the floor the other gpumem processes leave this one.", None),
-    ("gpumem_borrowed_bytes", "gauge", "Sharing the GPU: reserved above the floor (lent by the others).", None),
-    ("gpumem_floor_short_bytes", "gauge",
-     "Sharing the GPU: how much of the floor the device cannot give now (others' live tensors hold it).", None),
-    ("gpumem_given_back_bytes", "counter", "Sharing the GPU: bytes of free cache released because another asked.",
-     None),
-    ("gpumem_releases_on_request", "counter", "Sharing the GPU: other processes' requests this one answered.", None),
-    ("gpumem_requests_made", "counter",
-     "Sharing the GPU: times this process asked the others for their free cache.", None),
-)
+# Every metric but the pressure crossings is a figure of gpumem._figures, read from one device's
+# figures; the crossings are counted per watched share.
+METRICS = (*_figures.FIGURES, _figures.PRESSURE_CROSSINGS)
+OOM_CASES = _figures.OOM_CASES
 
 
 class MetricsUnavailable(ImportError):
@@ -140,38 +102,18 @@ class Collector:
 
     def _families(self) -> dict:
         kinds = {"gauge": self._core.GaugeMetricFamily, "counter": self._core.CounterMetricFamily}
-        return {name: kinds[kind](name, text, labels=[*_LABELS, *([extra] if extra else [])])
-                for name, kind, text, extra in METRICS}
+        return {f.metric: kinds[f.kind](f.metric, f.help, labels=[*_LABELS, *([f.label] if f.label else [])])
+                for f in METRICS}
 
 
 def _device_samples(figures: dict):
-    """(metric, value, extra label values) of one device's figures."""
-    stats, reserved, limit = figures["stats"], figures["reserved"], figures["limit"]
-    yield "gpumem_allocated_bytes", stats["allocated_bytes.all.current"], ()
-    yield "gpumem_allocated_peak_bytes", stats["allocated_bytes.all.peak"], ()
-    yield "gpumem_reserved_bytes", reserved, ()
-    yield "gpumem_reserved_peak_bytes", stats["reserved_bytes.all.peak"], ()
-    outside = figures["outside"]  # 0 but under a limit on the whole process
-    yield "gpumem_limit_bytes", limit, ()
-    yield "gpumem_counted_bytes", reserved + outside, ()
-    yield "gpumem_free_under_limit_bytes", max(limit - reserved - outside, 0), ()
-    if figures["outside_source"] != "none":  # measured: only ever under a limit on the whole process
-        yield "gpumem_process_outside_bytes", outside, (figures["outside_source"],)
-    if figures["device_free"] is not None:
-        used = figures["device_total"] - figures["device_free"]
-        yield "gpumem_outside_bytes", max(used - reserved, 0), ()
-    for case, stat in OOM_CASES.items():
-        yield "gpumem_ooms", stats[stat], (case,)
-    yield "gpumem_alloc_retries", stats["num_alloc_retries"], ()
-    yield "gpumem_cache_releases", stats["num_cache_releases"], ()
-    sharing = figures.get("sharing")
-    if sharing:
-        yield "gpumem_floor_bytes", sharing["floor"], ()
-        yield "gpumem_borrowed_bytes", sharing["borrowed"], ()
-        yield "gpumem_floor_short_bytes", sharing["floor_short"], ()
-        yield "gpumem_given_back_bytes", sharing["given_back"], ()
-        yield "gpumem_releases_on_request", sharing["asks_served"], ()
-        yield "gpumem_requests_made", sharing["asks_made"], ()
+    """(metric, value, extra label values) of one device's figures, in the order of METRICS."""
+    for figure in _figures.FIGURES:
+        value = figure.read(figures)
+        if isinstance(value, dict):
+            yield from ((figure.metric, count, (label,)) for label, count in value.items())
+        elif value is not None:
+            yield figure.metric, value, (figure.label_of(figures),) if figure.label_of else ()
 
 
 class MetricsServer:

@@ -47,8 +47,9 @@ def floor_assignments(text: str) -> list[tuple[Optional[int], str]]:
         for _, spec in pairs:
             if spec.strip().lower() not in NO_FLOOR:
                 _limits.check_syntax(spec)
-    except ValueError as error:
-        raise ValueError(f"gpumem: bad {FLOOR_VARIABLE} {text!r}: {_limits.reason(error)}. "
+    except _C.LimitSpecError as error:
+        # The reason alone: the forms that follow are GPUMEM_FLOOR's, the limit's among them.
+        raise ValueError(f"gpumem: bad {FLOOR_VARIABLE} {text!r}: {error.reason}. "
                          f"Accepted forms: {floor_forms()}") from None
     return pairs
 

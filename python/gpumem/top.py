@@ -7,7 +7,7 @@
 Two sources, joined by pid:
   - NVML (gpumem._nvml): per GPU, each process with a context on it, and the memory the driver
     counts for it (its context and every allocator's memory: gpumem's reserved among them);
-  - the files gpumem processes publish (gpumem.publish): per device in use, the limit, allocated,
+  - the files gpumem processes publish (gpumem.publish writes them, gpumem.published reads them): per device in use, the limit, allocated,
     reserved, their peaks and the out-of-memory errors by case.
 A published device is matched to NVML's GPU by UUID (where its UUID names no GPU, as for a MIG
 instance, by the only GPU NVML lists the pid on, if the process has one device). A row is marked
@@ -31,7 +31,7 @@ Note [whose figures]
   a file another user owns, so a file one user plants for another's process, in a directory of
   their own or a shared one, is skipped and named under the table, and the process's real file is
   used; of two files that pass for one process, the first by path is. A directory that users besides
-  its owner may write to is read only if it is sticky, as /tmp is (publish.shared_dir_problem): in
+  its owner may write to is read only if it is sticky, as /tmp is (published.shared_dir_problem): in
   one that is not, anyone could remove a process's file or put a file of their own in its place.
   A file of a process that cannot be seen from here (Note [pids across namespaces]) cannot be
   checked against it: its row says whose file it is (USER) and that its pid is in another
@@ -43,7 +43,7 @@ Note [stale entries]
   process of this pid namespace that is certain: its pid is gone or has another start time (Note
   [pid reuse] in gpumem._proc). A process of another namespace that cannot be found from here
   (a container's, with top inside another container) may be alive: its file counts as stale once
-  its publisher has not touched it for publish.STALE_SECONDS. A file written again since it was
+  its publisher has not touched it for published.STALE_SECONDS. A file written again since it was
   read (a new process with the pid) is not removed.
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from gpumem import _nvml, _proc, _scope, _sizes, publish
+from gpumem import _figures, _nvml, _proc, _scope, _sizes, published
 from gpumem._words import shown, shown_path
 
 WARN_AT = 0.85
@@ -118,7 +118,7 @@ def collect(nvml, run_dirs: list[str], warn_at: float, proc: str = _proc.PROC, n
     gpus = nvml.gpus()
     entries, problems = _read(run_dirs, now)
     placed, apart, stale = _locate(entries, proc, now, problems)
-    removed = sum(publish.remove_if_unchanged(entry) for entry in stale)
+    removed = sum(published.remove_if_unchanged(entry) for entry in stale)
     rows = _rows(gpus, placed, apart, warn_at, proc)
     return View(now, gpus, rows, warn_at, list(run_dirs), removed, problems)
 
@@ -130,18 +130,18 @@ def _read(run_dirs: list[str], now: float) -> tuple[list, list[str]]:
     entries, problems = [], []
     for directory in run_dirs:
         try:
-            problem = publish.shared_dir_problem(os.stat(directory))
+            problem = published.shared_dir_problem(os.stat(directory))
             if problem is not None:
                 problems.append(f"{shown_path(directory)} {problem}")
                 continue
-            found, wrong = publish.read_entries(directory)
+            found, wrong = published.read_entries(directory)
         except FileNotFoundError:
             continue  # no process has published there yet
         except OSError as error:
             advice = ": run as root to see every user's processes" if isinstance(error, PermissionError) else ""
             problems.append(f"{shown(directory)} cannot be read ({error.strerror or error}){advice}")
             continue
-        publish.remove_stale_temporaries(directory, now)
+        published.remove_stale_temporaries(directory, now)
         entries += found
         problems += wrong
     return sorted(entries, key=lambda entry: entry.path), problems
@@ -169,7 +169,7 @@ def _locate(entries: list, proc: str, now: float, problems: list[str]) -> tuple[
                 nested = _proc.nested_pids(proc)
             pid = nested.get((entry.pid, entry.start_time))
             if pid is None:
-                (stale if now - entry.mtime > publish.STALE_SECONDS else apart).append(entry)
+                (stale if now - entry.mtime > published.STALE_SECONDS else apart).append(entry)
                 continue
         problem = _not_its_file(entry, pid, placed, proc)
         if problem is None:
@@ -352,7 +352,7 @@ def _number(n: Optional[int]) -> str:
 
 
 def _text(text: str) -> str:
-    return shown(text, quote="", limit=200)  # from outside: escaped
+    return shown(text, quote="")  # from outside: escaped
 
 
 def _cut(text: str) -> str:
@@ -386,11 +386,11 @@ def _row_document(row: Row) -> dict:
 
 def _figures_document(row: Row) -> dict:
     f = row.figures
-    return {"device": f["index"], "limit_bytes": f["limit"],
-            "no_limit": _no_limit(f),
-            "allocated_bytes": f["allocated"], "allocated_peak_bytes": f["allocated_peak"],
-            "reserved_bytes": f["reserved"], "reserved_peak_bytes": f["reserved_peak"], "ooms": dict(f["ooms"]),
-            "scope": f["scope"], "outside_bytes": f["outside"],
-            "sharing": bool(f.get("sharing")), "floor_bytes": f.get("floor", 0), "borrowed_bytes": f.get("borrowed", 0),
-            "given_back_bytes": f.get("given_back", 0), "releases_on_request": f.get("asks_served", 0),
-            "share_of_limit": row.share, "past_warn_at": row.past}
+    # Every published figure, named as its metric is (gpumem._figures).
+    published_figures = {figure.document: _copy(f[figure.key]) for figure in _figures.PUBLISHED}
+    return {"device": f["index"], "no_limit": _no_limit(f), **published_figures, "scope": f["scope"],
+            "sharing": bool(f.get("sharing")), "share_of_limit": row.share, "past_warn_at": row.past}
+
+
+def _copy(value):
+    return dict(value) if isinstance(value, dict) else value

@@ -257,8 +257,29 @@ TEST_CASE("shown keeps UTF-8 and escapes bytes that are not UTF-8", "[limit_spec
   REQUIRE(gpumem::shown("a\xff\xc3") == "\"a\\xff\\xc3\"");
   REQUIRE(gpumem::shown("\xed\xa0\x80") == "\"\\xed\\xa0\\x80\"");  // a UTF-16 surrogate
   REQUIRE(gpumem::shown("say \"hi\"") == "\"say \\\"hi\\\"\"");
-  const std::string shown = gpumem::shown("x\"y");
-  REQUIRE(gpumem::shown_end(shown + ": why") == shown.size());
+}
+
+TEST_CASE("the error carries the spec, the reason alone and the forms, and its message is made of them", "[limit_spec]") {
+  try {
+    parse_limit(" 4XB", k80GiB);
+    FAIL("accepted");
+  } catch (const LimitSpecError& e) {
+    REQUIRE(e.setting() == "limit");
+    REQUIRE(e.spec() == std::optional<std::string>(" 4XB"));
+    REQUIRE(e.reason() == "unknown unit \"XB\"");
+    REQUIRE(e.forms() == gpumem::kLimitForms);
+    REQUIRE(std::string(e.what()) ==
+            "gpumem: bad limit \" 4XB\": unknown unit \"XB\". Accepted forms: " + std::string(gpumem::kLimitForms));
+  }
+}
+
+TEST_CASE("an empty spec is still quoted: it is text the user gave", "[limit_spec]") {
+  REQUIRE_THROWS_WITH(parse_limit("", k80GiB), Catch::StartsWith("gpumem: bad limit \"\": it is empty. Accepted forms: "));
+}
+
+TEST_CASE("an error about a value with no text leaves the quoted spec out", "[limit_spec]") {
+  const LimitSpecError e({"limit", std::nullopt, "9.00 GiB is above device 0's total of 8.00 GiB", "", ""});
+  REQUIRE(std::string(e.what()) == "gpumem: bad limit: 9.00 GiB is above device 0's total of 8.00 GiB");
 }
 
 // ---- GPUMEM_LIMIT lists -----------------------------------------------------------------------

@@ -8,6 +8,7 @@
 
 #include "adapter_fixture.h"
 #include "core/errors.h"
+#include "core/limit_spec.h"
 #include "torch/compat.h"
 #include "torch/startup.h"
 #if GPUMEM_TORCH_HAS_FRACTION_SETTING
@@ -73,6 +74,18 @@ TEST_CASE("a GPUMEM_LIMIT naming a device that is not there is an error naming t
   start(sim, {std::string("2:1GB"), std::nullopt, std::nullopt});
   const std::string message = setup_error(sim);
   REQUIRE(message.rfind("gpumem: bad GPUMEM_LIMIT \"2:1GB\": there is no CUDA device 2; this process sees devices 0..1", 0) == 0);
+}
+
+TEST_CASE("a bad GPUMEM_LIMIT's error carries the whole value and the grammar's reason and forms alone", "[torch][startup]") {
+  try {
+    resolve_limit_text("0:4XB", {8 * GiB});
+    FAIL("accepted");
+  } catch (const LimitSpecError& error) {
+    REQUIRE(error.setting() == "GPUMEM_LIMIT");
+    REQUIRE(error.spec() == std::optional<std::string>("0:4XB"));
+    REQUIRE(error.reason() == "unknown unit \"XB\"");
+    REQUIRE(error.forms() == kLimitForms);
+  }
 }
 
 TEST_CASE("a long bad GPUMEM_LIMIT is named short, once, with the reason", "[torch][startup]") {

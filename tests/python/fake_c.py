@@ -24,6 +24,7 @@ class FakeC:
     resolve_limit_text = staticmethod(_C.resolve_limit_text)  # what _run_setup applies, so one verdict
     format_bytes = staticmethod(_C.format_bytes)
     OutOfMemoryError = _C.OutOfMemoryError
+    LimitSpecError = _C.LimitSpecError
 
     def __init__(self, totals: list[int], page_sizes: list[int] | None = None):
         self.totals = list(totals)
@@ -143,8 +144,8 @@ class FakeC:
     def existing_devices(self) -> list[int]:
         return [device for device, sim in enumerate(self.sims) if sim.existing_devices()]
 
-    def device_figures(self, device: int) -> dict:
-        return self.sims[device].device_figures(0)
+    def device_figures(self, device: int, device_memory: bool = True) -> dict:
+        return self.sims[device].device_figures(0, device_memory)
 
     def watch_pressure(self, share: float) -> None:
         for sim in self.sims:

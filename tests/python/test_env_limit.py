@@ -103,7 +103,7 @@ def test_enable_asks_no_device(fake_c, monkeypatch):
 @pytest.mark.parametrize("value, shown", [
     ("4\x1b[2JGB", "GPUMEM_LIMIT='4\\x1b[2JGB'"),
     ("0:4GB,1:\x07", "GPUMEM_LIMIT='0:4GB,1:\\x07'"),
-    ("9" * 10_000_000, "GPUMEM_LIMIT='" + "9" * 60 + "'… (10000000 characters)"),
+    ("9" * 10_000_000, "GPUMEM_LIMIT='" + "9" * 64 + "'… (10000000 characters)"),
 ], ids=["escape", "bell", "ten-megabytes"])
 def test_a_hostile_value_is_shown_escaped_and_cut(fake_c, monkeypatch, value, shown):
     monkeypatch.setenv("GPUMEM_LIMIT", value)

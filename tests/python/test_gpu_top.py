@@ -79,7 +79,7 @@ def test_gpumem_top_shows_real_processes_with_their_figures(tmp_path):
 
     counted = rows[whole.pid]["gpumem"]
     assert counted["scope"] == "process" and counted["past_warn_at"] is False
-    assert counted["outside_bytes"] > 0
+    assert counted["process_outside_bytes"] > 0
     assert rows[whole.pid]["used_bytes"] <= 4 << 30
 
     assert rows[native.pid]["gpumem"] is None and rows[native.pid]["used_bytes"] >= 256 * MiB

@@ -128,3 +128,36 @@ def test_a_bad_list_is_refused_naming_the_text_and_the_reason(text, reason):
     assert f'"{text}"' in message
     assert reason in message
     assert "DEVICE:SPEC" in message
+
+
+def test_a_refused_spec_is_a_value_error_that_carries_its_parts():
+    with pytest.raises(ValueError) as caught:
+        _C.parse_limit(" 4XB", TOTAL)
+    error = caught.value
+    assert isinstance(error, _C.LimitSpecError)
+    assert (error.setting, error.spec, error.reason, error.forms) == ("limit", " 4XB", 'unknown unit "XB"', _C.limit_forms)
+    assert str(error) == f'gpumem: bad limit " 4XB": unknown unit "XB". Accepted forms: {_C.limit_forms}'
+
+
+def test_a_refused_gpumem_limit_carries_the_whole_value_and_the_grammars_reason():
+    with pytest.raises(_C.LimitSpecError) as caught:
+        _C.resolve_limit_text("0:9GB", [TOTAL])
+    error = caught.value
+    assert (error.setting, error.spec, error.forms) == ("GPUMEM_LIMIT", "0:9GB", _C.limit_forms)
+    assert error.reason == "it comes to 9.00 GiB, more than the device total of 8.00 GiB"
+
+
+def test_a_refused_byte_count_has_no_spec_text():
+    sim = _C.SimAllocator(TOTAL)
+    with pytest.raises(_C.LimitSpecError) as caught:
+        sim.set_limit_bytes(0, 2 * TOTAL)
+    error = caught.value
+    assert (error.setting, error.spec, error.forms) == ("limit", None, _C.limit_forms)
+    assert error.reason == "16.00 GiB is above device 0's total of 8.00 GiB"
+
+
+def test_python_and_the_compiled_layer_cut_the_users_text_after_as_many_units():
+    from gpumem import _words
+
+    assert _words.SHOWN_LENGTH == _C.SHOWN_LENGTH
+    assert _words.shown("9" * 100, quote='"') == '"' + "9" * _C.SHOWN_LENGTH + '"… (100 characters)'

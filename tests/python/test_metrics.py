@@ -178,7 +178,7 @@ def test_the_counters_are_counters_and_the_figures_gauges(served):
             types[family.name] = family.type
     assert types["gpumem_ooms"] == types["gpumem_pressure_crossings"] == "counter"
     assert types["gpumem_reserved_bytes"] == types["gpumem_outside_bytes"] == "gauge"
-    assert set(types) == {name for name, *_ in metrics.METRICS}
+    assert set(types) == {figure.metric for figure in metrics.METRICS}
 
 
 # ---- the label job ------------------------------------------------------------------------------

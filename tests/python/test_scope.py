@@ -4,7 +4,7 @@ and `gpumem top`. No GPU needed; tests/python/test_gpu_process_scope.py runs it 
 import pytest
 
 import gpumem
-from gpumem import _C, _env, metrics, publish
+from gpumem import _C, _env, metrics, publish, published
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -128,14 +128,14 @@ def test_published_figures_carry_the_scope_and_what_is_outside():
     sim = process_scoped_sim(1536 * MiB)
     [device] = publish.device_figures(sim, lambda d: {"uuid": None, "device_total": 8 * GiB})
     assert device["scope"] == "process" and device["outside"] == 1536 * MiB
-    assert publish._checked_device(device) == device
+    assert published._checked_device(device) == device
 
 
 def test_a_published_file_without_a_scope_reads_as_the_allocator_scope():
     sim = process_scoped_sim(0)
     [device] = publish.device_figures(sim, lambda d: {"uuid": None, "device_total": 8 * GiB})
     del device["scope"], device["outside"]
-    checked = publish._checked_device(device)
+    checked = published._checked_device(device)
     assert checked["scope"] == "allocator" and checked["outside"] == 0
 
 
@@ -145,7 +145,7 @@ def test_a_published_file_with_a_bad_scope_or_outside_is_refused(scope, outside)
     [device] = publish.device_figures(sim, lambda d: {"uuid": None, "device_total": 8 * GiB})
     device.update(scope=scope, outside=outside)
     with pytest.raises(ValueError):
-        publish._checked_device(device)
+        published._checked_device(device)
 
 
 def test_the_report_says_the_limit_is_on_the_whole_process_and_what_it_counts_outside():

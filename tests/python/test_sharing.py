@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from gpumem import _C, _env, cli, metrics, publish, sharing, top
+from gpumem import _C, _env, cli, metrics, publish, published, sharing, top
 
 from test_top import UUID, gpu, identity, run_dir, table_of, json_of  # noqa: F401 - fixtures
 
@@ -75,8 +75,8 @@ class SharingSource:
     def __getattr__(self, name):
         return getattr(self._sim, name)
 
-    def share_status(self, device):
-        return self._status
+    def device_figures(self, device, device_memory=True):
+        return {**self._sim.device_figures(device, device_memory), "sharing": self._status}
 
 
 def sharing_status(**figures) -> dict:
@@ -126,7 +126,7 @@ def test_a_published_sharing_figure_that_is_not_a_count_is_refused():
               "reserved": 0, "reserved_peak": 0, "ooms": {case: 0 for case in metrics.OOM_CASES},
               "floor": -1}
     with pytest.raises(ValueError, match="floor"):
-        publish._checked_device(device)
+        published._checked_device(device)
 
 
 def test_the_metrics_have_the_sharing_figures_and_the_releases_on_request():

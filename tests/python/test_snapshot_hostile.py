@@ -98,13 +98,15 @@ CHILD = r"""
 import importlib.util, json, resource, sys
 module_path, snapshot_path, memory, max_size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-# The reader's two modules alone, without the gpumem package (and torch) it lives in.
+# The reader's modules alone (the two, and the words its messages use), without the gpumem package
+# (and torch) they live in.
 def load_module(name, path):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+load_module("gpumem._words", module_path.replace("snapshot_file.py", "_words.py"))
 load_module("gpumem._plain_data", module_path.replace("snapshot_file.py", "_plain_data.py"))
 module = load_module("snapshot_file", module_path)
 try:
@@ -474,7 +476,7 @@ def test_the_raw_trace_is_walked_once():
      f"{DEVICE_TOTALS_KEY} has 1025 entries, more than 1024"),
     (snapshot(alloc(action=["alloc"])), "['action'] is a list, not one of alloc, free_completed"),
     (snapshot(alloc(action=10 ** 4999)), "['action'] is an integer of 5000 digits, not one of alloc"),
-    (snapshot(alloc(action="x" * 5000)), f"['action'] is {'x' * 40!r}… (5000 characters), not one of"),
+    (snapshot(alloc(action="x" * 5000)), f"['action'] is {'x' * 64!r}… (5000 characters), not one of"),
     (snapshot(alloc(action="grow\nsegment")), r"['action'] is 'grow\nsegment', not one of"),
     (snapshot(segments=(segment(blocks=[block(state=["inactive"])]),)),
      "segments[0]['blocks'][0]['state'] is a list, not one of active_allocated"),
@@ -536,6 +538,7 @@ def load_module(name, path):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+load_module("gpumem._words", module_path.replace("snapshot_file.py", "_words.py"))
 load_module("gpumem._plain_data", module_path.replace("snapshot_file.py", "_plain_data.py"))
 module = load_module("snapshot_file", module_path)
 outcome = {"read": 0, "refused": 0, "other": []}

@@ -14,6 +14,7 @@ import types
 import pytest
 
 from gpumem import _C, _env, _monitoring, _nvml, _proc, cli, publish, top
+from gpumem import published as reading  # the name `published` is this file's helper
 
 MiB, GiB = 1 << 20, 1 << 30
 UUID = "5e4f0c7a-1111-2222-3333-444455556666"
@@ -226,17 +227,8 @@ class FixedTotal:
     def existing_devices(self):
         return self.sim.existing_devices()
 
-    def stats(self, device):
-        return self.sim.stats(device)
-
-    def get_limit(self, device):
-        return self.sim.get_limit(device)
-
-    def get_scope(self, device):
-        return self.sim.get_scope(device)
-
-    def outside(self, device):
-        return self.sim.outside(device)
+    def device_figures(self, device, device_memory=True):
+        return self.sim.device_figures(device, device_memory)
 
     def device_total(self, device):
         return self.total
@@ -248,7 +240,7 @@ def test_a_limit_on_the_whole_process_is_shown_with_what_is_outside_and_counted_
     nvml = gpu(0, processes={os.getpid(): 1 * GiB + 800 * MiB})
     document = json_of(run_dir, nvml, monkeypatch=monkeypatch, capsys=capsys)
     [ours] = [p for p in document["processes"] if p["pid"] == os.getpid()]
-    assert ours["gpumem"]["scope"] == "process" and ours["gpumem"]["outside_bytes"] == 800 * MiB
+    assert ours["gpumem"]["scope"] == "process" and ours["gpumem"]["process_outside_bytes"] == 800 * MiB
     assert ours["gpumem"]["share_of_limit"] == pytest.approx((1 * GiB + 800 * MiB) / (2 * GiB))
     assert ours["gpumem"]["past_warn_at"] is True  # 89% of the limit; reserved alone is 50%
     row = row_of(table_of(run_dir, nvml, monkeypatch=monkeypatch, capsys=capsys), os.getpid())
@@ -298,9 +290,9 @@ def test_the_file_of_a_pid_whose_start_time_differs_is_ignored_and_removed(run_d
 
 def test_a_stale_file_written_again_since_it_was_read_is_not_removed(run_dir):
     publisher = published(run_dir, reserved=GiB, start_time=1)
-    [entry], _ = publish.read_entries(run_dir.path)
+    [entry], _ = reading.read_entries(run_dir.path)
     publish.write_atomically(publisher.path, {"format": 1, **identity(), "devices": []})  # a new process, same pid
-    assert publish.remove_if_unchanged(entry) is False
+    assert reading.remove_if_unchanged(entry) is False
     assert os.path.exists(publisher.path)
 
 
@@ -315,7 +307,7 @@ def test_the_count_of_removed_files_is_said_under_the_table(run_dir, monkeypatch
     (b'{"format": 2}', "not a gpumem figures file of format 1"),
     (b'[1, 2]', "not a gpumem figures file of format 1"),
     (b'{"format": 1, "pid": 1}', "its pid is not the one its name says"),
-    (b" " * (publish.MAX_FILE_BYTES + 1), "larger than 65536 bytes"),
+    (b" " * (reading.MAX_FILE_BYTES + 1), "larger than 65536 bytes"),
     (b"[" * 60_000, "maximum recursion depth exceeded"),
 ])
 def test_a_file_that_is_not_a_figures_file_is_skipped_and_named(run_dir, monkeypatch, capsys, content, reason):
@@ -331,13 +323,13 @@ def test_a_file_that_is_not_a_figures_file_is_skipped_and_named(run_dir, monkeyp
 def test_bad_figures_in_a_file_are_skipped(run_dir):
     payload = {"format": 1, **identity(), "devices": [{"index": 0, "uuid": None, "limit": -1}]}
     publish.write_atomically(os.path.join(run_dir.path, f"{os.getpid()}.json"), payload)
-    entries, [problem] = publish.read_entries(run_dir.path)
+    entries, [problem] = reading.read_entries(run_dir.path)
     assert entries == [] and "ooms is not an object" in problem
 
 
 def test_a_fifo_under_a_figures_files_name_is_skipped_without_blocking(run_dir):
     os.mkfifo(os.path.join(run_dir.path, "4001.json"))
-    entries, [problem] = publish.read_entries(run_dir.path)
+    entries, [problem] = reading.read_entries(run_dir.path)
     assert entries == [] and "not a regular file" in problem
 
 
@@ -347,12 +339,12 @@ def test_the_default_run_dirs_are_each_users_own(tmp_path):
     (tmp_path / f"gpumem-{uid + 1}").mkdir()  # owned by this user, named for another: a plant
     (tmp_path / f"gpumem-{uid + 2}").symlink_to(tmp_path / f"gpumem-{uid}")
     (tmp_path / "other").mkdir()
-    assert publish.run_dirs(publish.default_run_dir(), base=str(tmp_path)) == [str(tmp_path / f"gpumem-{uid}")]
+    assert reading.run_dirs(reading.default_run_dir(), base=str(tmp_path)) == [str(tmp_path / f"gpumem-{uid}")]
 
 
 def test_gpumem_run_dir_is_the_only_dir_read_when_set(tmp_path):
     chosen = _env.run_dir({"GPUMEM_RUN_DIR": str(tmp_path / "shared")})
-    assert publish.run_dirs(chosen, base=str(tmp_path)) == [str(tmp_path / "shared")]
+    assert reading.run_dirs(chosen, base=str(tmp_path)) == [str(tmp_path / "shared")]
 
 
 # ---- pid namespaces (a /proc tree of the test's own) --------------------------------------------
@@ -387,7 +379,7 @@ def test_a_process_of_a_namespace_not_seen_from_here_is_shown_until_its_file_goe
     written = os.stat(publisher.path).st_mtime
     [row] = view(run_dir, gpu(0), proc=proc, now=written + 10).rows
     assert (row.pid, row.own_pid, row.in_nvml, row.gpu) == (None, 23, False, 0)
-    stale = view(run_dir, gpu(0), proc=proc, now=written + publish.STALE_SECONDS + 1)
+    stale = view(run_dir, gpu(0), proc=proc, now=written + reading.STALE_SECONDS + 1)
     assert stale.rows == [] and stale.stale_removed == 1 and not os.path.exists(publisher.path)
 
 
@@ -673,7 +665,7 @@ class Failing:
     def existing_devices(self):
         return [0]
 
-    def stats(self, device):
+    def device_figures(self, device, device_memory=True):
         raise RuntimeError("the figures cannot be read")
 
 
