@@ -101,21 +101,32 @@ bool GrowableSegments::recycle_before_high_mark(const Growth& growth, StreamId s
 
 // The unmapped block that, mapped from its start and joined with its free mapped neighbours,
 // holds `size` bytes with the fewest new pages (the lowest address among equals), and those pages'
-// bytes; no block if none.
+// bytes; no block if none. Among the stream's kHolesLooked largest unmapped blocks only: a stream
+// whose free pages were unmapped between many live blocks has as many holes, and looking at each
+// one at every growth would make a ramp through them quadratic. Past that many, a growth may map
+// a few more pages than the fewest possible (the largest holes, which most often hold the request
+// alone, are the ones looked at); the high mark still bounds what it reserves.
 GrowableSegments::Growth GrowableSegments::choose_unmapped(const Request& r) const {
   const std::size_t size = r.size;
   const Block* best = nullptr;
   std::size_t best_need = 0;
-  r.pool->unmapped_for(r.small).for_each_on(r.stream, [&](const Block* u) {
+  const FreeBins* holes = r.pool->unmapped_for(r.small).existing_bins(r.stream);
+  if (!holes) return {nullptr, 0};
+  largest_first::Position at = largest_first::kStart;
+  for (int looked = 0; looked < kHolesLooked; ++looked) {
+    const Block* u = largest_first::after(*holes, at);
+    if (!u) break;
+    at = {u->size, u->addr};
+    ++blocks_visited_;
     const std::size_t before = u->prev && u->prev->is_cached() ? u->prev->size : 0;
     const std::size_t after = u->next && u->next->is_cached() ? u->next->size : 0;
-    if (size <= before || before + u->size + after < size) return;
+    if (size <= before || before + u->size + after < size) continue;
     const std::size_t need = size - before <= u->size ? round_up(size - before, page_size_) : u->size;
     if (!best || need < best_need || (need == best_need && u->addr < best->addr)) {
       best = u;
       best_need = need;
     }
-  });
+  }
   return {const_cast<Block*>(best), best_need};
 }
 

@@ -49,6 +49,7 @@ class GrowableSegments final : public MemorySource {
   std::size_t allowance() const { return allowance_; }
 
  private:
+  static constexpr int kHolesLooked = 16;  // unmapped blocks a growth looks at (choose_unmapped)
   struct Growth {
     Block* block;       // the unmapped block to map from, or nullptr
     std::size_t pages;  // bytes of the pages it needs
