@@ -11,23 +11,22 @@
 // tools/count_instructions.sh counts each ring's instructions per pair with callgrind.
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "backends/sim_backend.h"
+#include "ring.h"
 #include "torch/allocator.h"
 
 namespace {
 
 using gpumem::StreamId;
 using gpumem::TorchAllocator;
-constexpr std::size_t kRing = 64;
+using gpumem_bench::kRing;
 constexpr int kRuns = 5;
 constexpr std::size_t kCapacity = std::size_t{1} << 40;  // the device never runs out
 
@@ -37,64 +36,25 @@ struct FixedContext final : gpumem::CudaContext {
   void on_device(int, const std::function<void()>& f) override { f(); }
 };
 
-std::vector<std::size_t> log_uniform_sizes(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> exponent(std::log2(512.0), std::log2(64.0 * (1 << 20)));
-  std::vector<std::size_t> sizes(n);
-  for (auto& s : sizes) s = static_cast<std::size_t>(std::exp2(exponent(rng)));
-  return sizes;
-}
-
 struct Raw {
   using Handle = void*;
   TorchAllocator& a;
-  Handle malloc(std::size_t size) { return a.raw_alloc_with_stream(size, reinterpret_cast<cudaStream_t>(1)); }
+  Handle malloc(std::size_t size, StreamId stream) { return a.raw_alloc_with_stream(size, reinterpret_cast<cudaStream_t>(stream)); }
   void free(Handle ptr) { a.raw_delete(ptr); }
 };
+// The stream is the context's current one (FixedContext: 1), as for a tensor.
 struct ByDataPtr {
   using Handle = c10::DataPtr;
   TorchAllocator& a;
-  Handle malloc(std::size_t size) { return a.allocate(size); }
+  Handle malloc(std::size_t size, StreamId) { return a.allocate(size); }
   void free(Handle& ptr) { ptr.clear(); }
-};
-
-template <class Subject>
-class Ring {
- public:
-  Ring(Subject subject, std::size_t pairs) : subject_(subject), sizes_(log_uniform_sizes(pairs, 1)) {
-    for (auto& b : blocks_) b = subject_.malloc(next_size());
-  }
-  ~Ring() {
-    for (auto& b : blocks_) subject_.free(b);
-  }
-  // Never inlined: callgrind counts it by name.
-  [[gnu::noinline]] void run(std::size_t pairs) {
-    for (std::size_t i = 0; i < pairs; ++i) {
-      auto& slot = blocks_[oldest_];
-      subject_.free(slot);
-      slot = subject_.malloc(next_size());
-      oldest_ = oldest_ + 1 == kRing ? 0 : oldest_ + 1;
-    }
-  }
-
- private:
-  std::size_t next_size() {
-    const std::size_t size = sizes_[cursor_];
-    cursor_ = cursor_ + 1 == sizes_.size() ? 0 : cursor_ + 1;
-    return size;
-  }
-  Subject subject_;
-  const std::vector<std::size_t> sizes_;
-  typename Subject::Handle blocks_[kRing] = {};
-  std::size_t oldest_ = 0;
-  std::size_t cursor_ = 0;
 };
 
 template <class Subject>
 void bench(const char* name, std::size_t pairs) {
   gpumem::SimBackend backend(kCapacity, 1);
   TorchAllocator adapter(backend, std::make_unique<FixedContext>());
-  Ring<Subject> ring(Subject{adapter}, pairs);
+  gpumem_bench::Ring<Subject> ring(Subject{adapter}, 1, pairs, 1);
   ring.run(pairs);  // warm-up: the cache grows to what the sequence needs
   std::vector<double> ns;
   for (int r = 0; r < kRuns; ++r) {

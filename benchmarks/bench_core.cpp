@@ -33,6 +33,7 @@
 #include "backends/sim_backend.h"
 #include "core/caching_allocator.h"
 #include "core/device_allocator.h"
+#include "ring.h"
 
 namespace {
 
@@ -42,7 +43,9 @@ using gpumem::DeviceAllocator;
 using gpumem::SimBackend;
 using gpumem::StreamId;
 
-constexpr std::size_t kRing = 64;
+using gpumem_bench::kRing;
+using gpumem_bench::Ring;
+using gpumem_bench::thread_cpu_ns;
 constexpr int kRuns = 5;
 // The targets: one thread on the cached path, and two threads in parallel against one.
 constexpr double kTargetNs = 70.0;
@@ -51,20 +54,6 @@ constexpr std::size_t kCapacity = std::size_t{1} << 40;  // 1 TiB: the device ne
 using Clock = std::chrono::steady_clock;
 
 std::size_t pairs_per_run = 1000000;  // per thread; set once, from the command line
-
-std::vector<std::size_t> log_uniform_sizes(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(std::log(512.0), std::log(64.0 * (1 << 20)));
-  std::vector<std::size_t> sizes(n);
-  for (std::size_t& s : sizes) s = static_cast<std::size_t>(std::exp(u(rng)));
-  return sizes;
-}
-
-double thread_cpu_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
-}
 
 // What a ring allocates through: the device allocator's blocks, or addresses (raw_alloc, raw_free).
 struct ByBlock {
@@ -81,46 +70,6 @@ struct ByAddress {
   CachingAllocator& alloc;
   Handle malloc(std::size_t size, StreamId stream) { return alloc.raw_alloc(0, size, stream); }
   void free(Handle ptr) { alloc.raw_free(ptr); }
-};
-
-// One thread's ring of live blocks on one allocator and stream. Aligned apart: two rings written by
-// two threads must not share a cache line (or its prefetched pair), or the benchmark measures that.
-template <class Subject>
-class alignas(128) Ring {
- public:
-  Ring(Subject subject, StreamId stream, std::uint64_t seed)
-      : subject_(subject), stream_(stream), sizes_(log_uniform_sizes(pairs_per_run, seed)) {
-    for (auto& b : blocks_) b = subject_.malloc(next_size(), stream_);
-  }
-  ~Ring() {
-    for (auto b : blocks_) subject_.free(b);
-  }
-
-  // The CPU time the thread spent on `pairs` pairs. Never inlined: callgrind counts it by name.
-  [[gnu::noinline]] double run(std::size_t pairs) {
-    const double start = thread_cpu_ns();
-    for (std::size_t i = 0; i < pairs; ++i) {
-      auto& slot = blocks_[oldest_];
-      subject_.free(slot);
-      slot = subject_.malloc(next_size(), stream_);
-      oldest_ = oldest_ + 1 == kRing ? 0 : oldest_ + 1;
-    }
-    return thread_cpu_ns() - start;
-  }
-
- private:
-  std::size_t next_size() {
-    const std::size_t size = sizes_[cursor_];
-    cursor_ = cursor_ + 1 == sizes_.size() ? 0 : cursor_ + 1;
-    return size;
-  }
-
-  Subject subject_;
-  const StreamId stream_;
-  const std::vector<std::size_t> sizes_;
-  typename Subject::Handle blocks_[kRing] = {};
-  std::size_t oldest_ = 0;
-  std::size_t cursor_ = 0;
 };
 
 template <class Subject>
@@ -256,7 +205,7 @@ Figures bench_one_thread() {
   SimBackend backend(kCapacity);
   DeviceAllocator alloc(backend, 0, kNoLimit);
   Rings<ByBlock> rings;
-  rings.push_back(std::make_unique<Ring<ByBlock>>(ByBlock{alloc}, 0, 1));
+  rings.push_back(std::make_unique<Ring<ByBlock>>(ByBlock{alloc}, 0, pairs_per_run, 1));
   const Figures f = measure(backend, rings, {&alloc});
   print("1 thread", f, "target < " + std::to_string(static_cast<int>(kTargetNs)) + " ns", f.wall_ns < kTargetNs ? "met" : "MISSED");
   return f;
@@ -269,7 +218,7 @@ void bench_one_thread_growable(const Figures& one) {
   backend.enable_virtual_memory(std::size_t{2} << 20);
   DeviceAllocator alloc(backend, 0, kNoLimit);
   Rings<ByBlockGrowable> rings;
-  rings.push_back(std::make_unique<Ring<ByBlockGrowable>>(ByBlockGrowable{{alloc}}, 0, 1));
+  rings.push_back(std::make_unique<Ring<ByBlockGrowable>>(ByBlockGrowable{{alloc}}, 0, pairs_per_run, 1));
   const Figures f = measure(backend, rings, {&alloc});
   char against[64];
   std::snprintf(against, sizeof against, "%.2f x plain segments", f.wall_ns / one.wall_ns);
@@ -281,7 +230,7 @@ void bench_one_thread_by_address(const Figures& one) {
   SimBackend backend(kCapacity);
   CachingAllocator alloc(backend, kNoLimit);
   Rings<ByAddress> rings;
-  rings.push_back(std::make_unique<Ring<ByAddress>>(ByAddress{alloc}, 0, 1));
+  rings.push_back(std::make_unique<Ring<ByAddress>>(ByAddress{alloc}, 0, pairs_per_run, 1));
   const Figures f = measure(backend, rings, {&alloc.device(0)});
   char against[64];
   std::snprintf(against, sizeof against, "%.2f x by block", f.wall_ns / one.wall_ns);
@@ -296,7 +245,7 @@ void bench_own_streams(const Figures& one, int threads) {
   DeviceAllocator alloc(backend, 0, kNoLimit);
   Rings<ByBlock> rings;
   for (int t = 1; t <= threads; ++t) {
-    rings.push_back(std::make_unique<Ring<ByBlock>>(ByBlock{alloc}, static_cast<gpumem::StreamId>(t), static_cast<std::uint64_t>(t)));
+    rings.push_back(std::make_unique<Ring<ByBlock>>(ByBlock{alloc}, static_cast<gpumem::StreamId>(t), pairs_per_run, static_cast<std::uint64_t>(t)));
   }
   const std::string name = std::to_string(threads) + " threads, one device, own streams";
   const Figures f = measure(backend, rings, {&alloc});
@@ -315,8 +264,8 @@ void bench_two_devices(const Figures& one) {
   DeviceAllocator alloc0(backend, 0, kNoLimit);
   DeviceAllocator alloc1(backend, 1, kNoLimit);
   Rings<ByBlock> rings;
-  rings.push_back(std::make_unique<Ring<ByBlock>>(ByBlock{alloc0}, 0, 1));
-  rings.push_back(std::make_unique<Ring<ByBlock>>(ByBlock{alloc1}, 0, 2));
+  rings.push_back(std::make_unique<Ring<ByBlock>>(ByBlock{alloc0}, 0, pairs_per_run, 1));
+  rings.push_back(std::make_unique<Ring<ByBlock>>(ByBlock{alloc1}, 0, pairs_per_run, 2));
   print_against("2 threads, own devices", measure(backend, rings, {&alloc0, &alloc1}), one);
 }
 
