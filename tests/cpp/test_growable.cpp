@@ -183,15 +183,24 @@ TEST_CASE("growing past the high mark looks at no live block, however many there
   REQUIRE(sim.alloc.work_counts().growable_blocks_visited <= kLive);
 }
 
+namespace {
+
+// `holes` free blocks of 2 pages on stream 0, each followed by a live page, so they never merge.
+void free_holes_between_live_pages(VmSim& sim, std::size_t holes) {
+  std::vector<Block*> freed;
+  for (std::size_t i = 0; i < holes; ++i) {
+    freed.push_back(sim.alloc.malloc(2 * kPage, kStream0));
+    sim.alloc.malloc(kPage, kStream0);
+  }
+  for (Block* b : freed) sim.alloc.free(b);
+}
+
+}  // namespace
+
 TEST_CASE("growing past the high mark looks at the free blocks it unmaps, not at every free block", "[growable][high-mark][cost]") {
   VmSim sim;
   constexpr std::size_t kHoles = 500;
-  std::vector<Block*> holes;
-  for (std::size_t i = 0; i < kHoles; ++i) {
-    holes.push_back(sim.alloc.malloc(2 * kPage, kStream0));
-    sim.alloc.malloc(kPage, kStream0);  // live between the holes: they never merge
-  }
-  for (Block* b : holes) sim.alloc.free(b);
+  free_holes_between_live_pages(sim, kHoles);
   const std::size_t high = sim.alloc.reserved();
   // Each 3 pages, larger than any free block: the holes' pages serve it, two holes and then one
   // (the page left over from the two) in turn.
@@ -209,12 +218,7 @@ TEST_CASE("growing past the high mark looks at the free blocks it unmaps, not at
 TEST_CASE("choosing where to grow looks at a bounded number of holes, however many pages were unmapped", "[growable][high-mark][cost]") {
   VmSim sim;
   constexpr std::size_t kHoles = 1000;
-  std::vector<Block*> holes;
-  for (std::size_t i = 0; i < kHoles; ++i) {
-    holes.push_back(sim.alloc.malloc(2 * kPage, kStream0));
-    sim.alloc.malloc(kPage, kStream0);  // live between the holes: they never merge
-  }
-  for (Block* b : holes) sim.alloc.free(b);
+  free_holes_between_live_pages(sim, kHoles);
   sim.alloc.empty_cache();  // every hole's pages go back: 1,000 unmapped blocks between live ones
   // Each 3 pages: no hole holds it, and its neighbours are live; it grows at the segment's end.
   constexpr std::size_t kGrowths = 100;
