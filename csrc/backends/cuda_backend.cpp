@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <iterator>
+#include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backends/cuda_driver.h"
 #include "backends/nvml.h"
@@ -90,43 +93,36 @@ std::size_t query_page_size(int device) {
   return page;
 }
 
-// Unmaps [base, base + bytes) page by page: each page is a mapping of its own, and the driver
-// unmaps only whole mappings. Tries every page; returns the first failure.
-CUresult unmap_pages(const DriverApi& api, CUdeviceptr base, std::size_t bytes, std::size_t page) {
-  CUresult first = CUDA_SUCCESS;
-  for (std::size_t offset = 0; offset < bytes; offset += page) {
-    const CUresult status = api.cuMemUnmap(base + offset, page);
-    if (first == CUDA_SUCCESS) first = status;
-  }
-  return first;
-}
-
-// The pages one map() call has mapped so far. Unless kept they are unmapped when it goes, so a
-// map() that runs out of memory part way, or throws, leaves nothing mapped.
-class MappedPages {
+// The physical allocations one map() call has mapped so far, each a mapping of its own. Unless
+// kept they are unmapped when it goes, so a map() that runs out of memory part way, or throws,
+// leaves nothing mapped.
+class MappedChunks {
  public:
-  MappedPages(const DriverApi& api, int device, CUdeviceptr base, std::size_t page)
-      : api_(api), prop_(pinned_on(device)), base_(base), page_(page) {}
-  ~MappedPages() {
-    if (!kept_) unmap_pages(api_, base_, bytes_, page_);  // best effort: a destructor cannot throw
+  MappedChunks(const DriverApi& api, int device, CUdeviceptr base) : api_(api), prop_(pinned_on(device)), base_(base) {}
+  ~MappedChunks() {
+    if (kept_) return;
+    for (const auto& [addr, bytes] : chunks_) api_.cuMemUnmap(addr, bytes);  // best effort: a destructor cannot throw
   }
-  MappedPages(const MappedPages&) = delete;
-  MappedPages& operator=(const MappedPages&) = delete;
+  MappedChunks(const MappedChunks&) = delete;
+  MappedChunks& operator=(const MappedChunks&) = delete;
 
   std::size_t bytes() const { return bytes_; }
+  const std::vector<std::pair<std::uintptr_t, std::size_t>>& chunks() const { return chunks_; }
   void keep() { kept_ = true; }
 
-  // Backs the next page with new memory; false when the device has none left.
-  bool map_next() {
+  // Backs the next `bytes` with one new allocation; false when the device has no memory for it.
+  bool map_next(std::size_t bytes) {
     CUmemGenericAllocationHandle handle = 0;
-    const CUresult created = api_.cuMemCreate(&handle, page_, &prop_, 0);
+    const CUresult created = api_.cuMemCreate(&handle, bytes, &prop_, 0);
     if (created == CUDA_ERROR_OUT_OF_MEMORY) return false;
     check_driver(created, "cuMemCreate");
-    const CUresult mapped = api_.cuMemMap(base_ + bytes_, page_, 0, handle, 0);
+    const CUdeviceptr at = base_ + bytes_;
+    const CUresult mapped = api_.cuMemMap(at, bytes, 0, handle, 0);
     api_.cuMemRelease(handle);  // the mapping keeps the memory alive; cuMemUnmap frees it
     if (mapped == CUDA_ERROR_OUT_OF_MEMORY) return false;
     check_driver(mapped, "cuMemMap");
-    bytes_ += page_;
+    chunks_.emplace_back(at, bytes);
+    bytes_ += bytes;
     return true;
   }
 
@@ -134,8 +130,8 @@ class MappedPages {
   const DriverApi& api_;
   const CUmemAllocationProp prop_;
   const CUdeviceptr base_;
-  const std::size_t page_;
   std::size_t bytes_ = 0;
+  std::vector<std::pair<std::uintptr_t, std::size_t>> chunks_;
   bool kept_ = false;
 };
 
@@ -146,18 +142,23 @@ CUresult allow_access(int device, const std::vector<int>& peers, CUdeviceptr add
   return driver().cuMemSetAccess(addr, bytes, access.data(), access.size());
 }
 
-// Drops [addr, addr + bytes) from the mapped ranges, keeping the parts of cut ranges outside it.
-void forget_mapped(std::map<std::uintptr_t, std::size_t>& mapped, std::uintptr_t addr, std::size_t bytes) {
-  const std::uintptr_t end = addr + bytes;
-  auto it = mapped.upper_bound(addr);
-  if (it != mapped.begin() && std::prev(it)->first + std::prev(it)->second > addr) --it;
-  while (it != mapped.end() && it->first < end) {
-    const std::uintptr_t start = it->first;
-    const std::uintptr_t stop = start + it->second;
-    it = mapped.erase(it);
-    if (start < addr) mapped.emplace(start, addr - start);
-    if (stop > end) mapped.emplace(end, stop - end);
+// Takes the mappings that make up [addr, addr + bytes) out of `mapped` and returns them; throws,
+// changing nothing, unless they are whole mappings that cover it exactly.
+std::vector<std::pair<std::uintptr_t, std::size_t>> take_mappings(std::map<std::uintptr_t, std::size_t>& mapped,
+                                                                  std::uintptr_t addr, std::size_t bytes) {
+  std::vector<std::pair<std::uintptr_t, std::size_t>> taken;
+  if (bytes == 0) return taken;
+  std::uintptr_t at = addr;
+  for (auto it = mapped.find(addr); it != mapped.end() && it->first == at && at < addr + bytes; ++it) {
+    taken.emplace_back(*it);
+    at += it->second;
   }
+  if (at != addr + bytes) {
+    throw std::logic_error("gpumem: unmap of " + std::to_string(bytes) + " bytes at " + std::to_string(addr) +
+                           " is not made of whole mappings of map()");
+  }
+  mapped.erase(mapped.find(addr), mapped.lower_bound(addr + bytes));
+  return taken;
 }
 
 }  // namespace
@@ -359,36 +360,44 @@ void CudaBackend::release_address(int device, void* ptr, std::size_t bytes) {
   check_driver(driver().cuMemAddressFree(reinterpret_cast<CUdeviceptr>(ptr), bytes), "cuMemAddressFree");
 }
 
-bool CudaBackend::map(int device, void* ptr, std::size_t bytes) {
+bool CudaBackend::map(int device, void* ptr, std::size_t bytes, std::size_t chunk) {
   const std::size_t page = mapping_page(device);
+  if (chunk == 0 || chunk % page != 0) {
+    throw std::logic_error("gpumem: map chunk of " + std::to_string(chunk) + " bytes is not whole pages of " + std::to_string(page));
+  }
   const auto base = reinterpret_cast<CUdeviceptr>(ptr);
   DeviceScope scope(device);
   RelaxedCaptureMode relaxed;
-  MappedPages pages(driver(), device, base, page);
-  while (pages.bytes() < bytes) {
-    if (!pages.map_next()) return false;
+  MappedChunks chunks(driver(), device, base);
+  while (chunks.bytes() < bytes) {
+    if (!chunks.map_next(std::min(chunk, bytes - chunks.bytes()))) return false;
   }
   // Access is set under the lock that grant_peer takes, so a peer granted meanwhile is not missed.
   std::lock_guard<std::mutex> lock(vm_mutex_);
   VirtualMemory& vm = vm_[device];
   const CUresult access = allow_access(device, vm.peers, base, bytes);
-  if (access == CUDA_ERROR_OUT_OF_MEMORY) return false;  // the pages go with `pages`
+  if (access == CUDA_ERROR_OUT_OF_MEMORY) return false;  // the chunks go with `chunks`
   check_driver(access, "cuMemSetAccess");
-  vm.mapped.emplace(base, bytes);
-  pages.keep();
+  vm.mapped.insert(chunks.chunks().begin(), chunks.chunks().end());
+  chunks.keep();
   return true;
 }
 
 void CudaBackend::unmap(int device, void* ptr, std::size_t bytes) {
-  const std::size_t page = mapping_page(device);
-  const auto base = reinterpret_cast<CUdeviceptr>(ptr);
+  mapping_page(device);
+  std::vector<std::pair<std::uintptr_t, std::size_t>> mappings;
   {
-    // Forgotten first, so a grant_peer from here on does not reach pages going away.
+    // Taken out first, so a grant_peer from here on does not reach memory going away.
     std::lock_guard<std::mutex> lock(vm_mutex_);
-    forget_mapped(vm_[device].mapped, base, bytes);
+    mappings = take_mappings(vm_[device].mapped, reinterpret_cast<std::uintptr_t>(ptr), bytes);
   }
   DeviceScope scope(device);
-  check_driver(unmap_pages(driver(), base, bytes, page), "cuMemUnmap");
+  CUresult first = CUDA_SUCCESS;
+  for (const auto& [addr, size] : mappings) {
+    const CUresult status = driver().cuMemUnmap(addr, size);  // every one tried; the first failure reported
+    if (first == CUDA_SUCCESS) first = status;
+  }
+  check_driver(first, "cuMemUnmap");
 }
 
 void CudaBackend::grant_peer(int device, int peer) {

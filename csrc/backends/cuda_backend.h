@@ -33,12 +33,12 @@ class CudaBackend : public Backend {
   void synchronize(int device) override;
   void synchronize_stream(int device, StreamId stream) override;
 
-  // Virtual memory, as core/backend.h specifies it. Each page is a physical allocation and a
-  // mapping of its own, so any page-aligned part of a mapped stretch can be unmapped.
+  // Virtual memory, as core/backend.h specifies it. Each map() call is one physical allocation and
+  // one mapping, so an unmap() gives back whole ones (the driver unmaps only whole mappings).
   std::size_t page_size(int device) override;
   void* reserve_address(int device, std::size_t bytes) override;
   void release_address(int device, void* ptr, std::size_t bytes) override;
-  bool map(int device, void* ptr, std::size_t bytes) override;
+  bool map(int device, void* ptr, std::size_t bytes, std::size_t chunk) override;
   void unmap(int device, void* ptr, std::size_t bytes) override;
   void grant_peer(int device, int peer) override;
 
@@ -49,9 +49,9 @@ class CudaBackend : public Backend {
 
  private:
   // What virtual memory keeps per device. grant_peer must reach the pages mapped before it, so the
-  // backend knows what is mapped: one range per map() call, cut where unmap() takes part of one.
-  // Ranges are never merged: neighbours may lie in different reserved ranges, and one
-  // cuMemSetAccess must not span two.
+  // backend knows what is mapped: one range per map() call, each a mapping of its own. Ranges are
+  // never merged: unmap() needs each mapping's bounds, and neighbours may lie in different reserved
+  // ranges, which one cuMemSetAccess must not span.
   // Invariant: ranges in `mapped` never overlap; each lies inside one reserved range.
   struct VirtualMemory {
     std::optional<std::size_t> page;               // the granularity, once asked; 0: none

@@ -255,7 +255,7 @@ void* SimBackend::reserve_address(int device, std::size_t bytes) {
   // Every range and hole is a multiple of the page from a page-aligned base, so addresses stay aligned.
   const std::uintptr_t addr = d.addresses.take(bytes);
   if (addr == 0) return nullptr;  // the region is used up
-  d.ranges.emplace(addr, Range{bytes, {}});
+  d.ranges.emplace(addr, Range{bytes, {}, {}});
   ++d.ledger.address_ranges;
   return reinterpret_cast<void*>(addr);
 }
@@ -286,6 +286,17 @@ std::size_t SimBackend::PageSpan::mapped() const {
     if (hi > lo) pages += hi - lo;
   }
   return pages;
+}
+
+// Whether the span (all mapped) is made of whole mappings: one starts at its first page and each
+// ends where the next starts, the last at its end.
+bool SimBackend::PageSpan::whole_mappings() const {
+  std::size_t at = first;
+  for (auto it = range->mappings.find(first); it != range->mappings.end() && it->first == at; ++it) {
+    at = it->second;
+    if (at >= first + count) return at == first + count;
+  }
+  return false;
 }
 
 // Takes out every run that overlaps or touches the span, then puts back what lies outside it
@@ -328,9 +339,10 @@ SimBackend::PageSpan SimBackend::pages_of(int device, void* ptr, std::size_t byt
   return PageSpan{&it->second, offset / page_, bytes / page_};
 }
 
-bool SimBackend::map(int device, void* ptr, std::size_t bytes) {
+bool SimBackend::map(int device, void* ptr, std::size_t bytes, std::size_t chunk) {
   std::lock_guard<std::mutex> lock(mutex_);
   const PageSpan span = pages_of(device, ptr, bytes, "map");
+  if (chunk == 0 || chunk % page_ != 0) misuse("map", device, reinterpret_cast<std::uintptr_t>(ptr), bytes, "names a chunk that is not whole pages");
   if (span.mapped() > 0) misuse("map", device, reinterpret_cast<std::uintptr_t>(ptr), bytes, "covers mapped pages");
   Device& d = device_locked(device);
   if (bytes > free_of(d) || should_fail(device, bytes)) {
@@ -338,6 +350,10 @@ bool SimBackend::map(int device, void* ptr, std::size_t bytes) {
     return false;
   }
   span.mark(true);
+  for (std::size_t first = span.first, end = span.first + span.count; first < end; first += chunk / page_) {
+    span.range->mappings.emplace(first, std::min(first + chunk / page_, end));
+    ++d.ledger.allocations;
+  }
   add_in_use(d, bytes);
   d.ledger.mapped += bytes;
   ++d.ledger.maps;
@@ -350,6 +366,10 @@ void SimBackend::unmap(int device, void* ptr, std::size_t bytes) {
   if (span.mapped() != span.count) {
     misuse("unmap", device, reinterpret_cast<std::uintptr_t>(ptr), bytes, "covers pages that are not mapped");
   }
+  if (!span.whole_mappings()) {
+    misuse("unmap", device, reinterpret_cast<std::uintptr_t>(ptr), bytes, "covers part of one map call's pages");
+  }
+  span.range->mappings.erase(span.range->mappings.lower_bound(span.first), span.range->mappings.lower_bound(span.first + span.count));
   span.mark(false);
   Device& d = device_locked(device);
   d.ledger.in_use -= bytes;

@@ -8,7 +8,8 @@
 // map backs pages of a range and counts them as memory in use, in the same ledger as plain
 // segments, so the capacity, the peak and mem_info cover both. The backend enforces the contract of
 // core/backend.h and throws std::logic_error where the allocator breaks it (mapping a page twice,
-// unmapping one that is not mapped, releasing a range with pages mapped, unaligned arguments).
+// unmapping one that is not mapped or part of one map call's pages, releasing a range with pages
+// mapped, unaligned arguments).
 //
 // Address layout: each device has two regions of `span` bytes (a power of two, at least 16 times
 // its capacity and at least 16 TiB), one for plain segments and one for reserved ranges, laid out
@@ -69,7 +70,7 @@ class SimBackend : public Backend {
   std::size_t page_size(int device) override;
   void* reserve_address(int device, std::size_t bytes) override;
   void release_address(int device, void* ptr, std::size_t bytes) override;
-  bool map(int device, void* ptr, std::size_t bytes) override;
+  bool map(int device, void* ptr, std::size_t bytes, std::size_t chunk) override;
   void unmap(int device, void* ptr, std::size_t bytes) override;
   void grant_peer(int device, int peer) override;
 
@@ -126,6 +127,7 @@ class SimBackend : public Backend {
     std::size_t live_events = 0;
     std::size_t mapped = 0;          // bytes mapped now (part of in_use)
     std::uint64_t maps = 0;          // successful map calls
+    std::uint64_t allocations = 0;   // physical allocations those made (one per chunk), ever
     std::uint64_t unmaps = 0;
     std::size_t address_ranges = 0;  // live reserved address ranges
   };
@@ -149,10 +151,12 @@ class SimBackend : public Backend {
     void give_back(std::uintptr_t addr, std::size_t bytes);
   };
   // A reserved address range; `mapped` holds its mapped pages as runs, first page -> end page
-  // (exclusive), disjoint and never adjacent.
+  // (exclusive), disjoint and never adjacent; `mappings` each map call's pages, first page -> end
+  // page, since an unmap gives back whole mappings only, as a driver does.
   struct Range {
     std::size_t bytes = 0;
     std::map<std::size_t, std::size_t> mapped;
+    std::map<std::size_t, std::size_t> mappings;
   };
   // Which work each stream follows: clock[s][t] is the newest mark of t that s's work follows.
   struct StreamClocks {
@@ -187,6 +191,7 @@ class SimBackend : public Backend {
     std::size_t count = 0;
     std::size_t mapped() const;
     void mark(bool mapped) const;
+    bool whole_mappings() const;
   };
   bool is_mapped_locked(const Device& d, std::uintptr_t addr) const;
   PageSpan pages_of(int device, void* ptr, std::size_t bytes, const char* call);

@@ -78,11 +78,13 @@ class Backend {
   // Gives back a range reserve_address returned; none of its pages is mapped.
   virtual void release_address(int /*device*/, void* /*ptr*/, std::size_t /*bytes*/) {}
   // Backs [ptr, ptr + bytes) (page-aligned, inside a reserved range, not mapped) with new physical
-  // pages readable and writable by `device` and by every peer granted so far. False when the device
-  // has no memory for them; then nothing of the range stays mapped. Other failures throw.
-  virtual bool map(int /*device*/, void* /*ptr*/, std::size_t /*bytes*/) { return false; }
-  // Returns the pages of [ptr, ptr + bytes) (page-aligned, mapped) to the device. The caller has
-  // synchronized the device: no queued work touches them.
+  // allocations of `chunk` bytes each (a multiple of the page; the last one may be smaller),
+  // readable and writable by `device` and by every peer granted so far. False when the device has
+  // no memory for them; then nothing of the range stays mapped. Other failures throw.
+  virtual bool map(int /*device*/, void* /*ptr*/, std::size_t /*bytes*/, std::size_t /*chunk*/) { return false; }
+  // Returns the memory of [ptr, ptr + bytes) to the device: whole allocations that map calls made,
+  // one after the other (a driver unmaps only whole mappings). The caller has synchronized the
+  // device: no queued work touches them.
   virtual void unmap(int /*device*/, void* /*ptr*/, std::size_t /*bytes*/) {}
   // From now on `peer` may access every page mapped on `device`, those mapped already included.
   virtual void grant_peer(int /*device*/, int /*peer*/) {}

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -75,6 +76,9 @@ struct Segment {
   bool small = false;            // small-pool segment
   bool growable = false;         // an address range mapped page by page (see core/growable_segments.cpp)
   std::size_t mapped = 0;        // bytes backed by memory: `size` for a plain segment
+  // A growable segment's physical allocations (chunks), start -> bytes: each was mapped by one
+  // Backend::map call and goes back whole (Note [physical chunks], core/growable_segments.cpp).
+  std::map<std::uintptr_t, std::size_t> chunks;
   std::uint64_t serial = 0;      // creation order: lower is older
   SegmentSource* source = nullptr;  // where it goes back: its pool's source
   Block* head = nullptr;
@@ -86,7 +90,7 @@ struct Segment {
 
 // Calls f(first, end, stop) for each mapped stretch of `segment`: its first block, the block after
 // it (nullptr at the segment's end) and the address it stops at. A plain segment is one stretch.
-// Unmapped blocks are whole pages, so in a growable segment a stretch is whole pages too.
+// Unmapped blocks are whole chunks, so in a growable segment a stretch is whole chunks too.
 template <typename F>
 void for_each_stretch(const Segment& segment, F f) {
   for (const Block* b = segment.head; b;) {

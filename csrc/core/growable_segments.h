@@ -56,7 +56,11 @@ class GrowableSegments final : public MemorySource {
   };
   Growth choose_unmapped(const Request& r) const;
   bool recycle_before_high_mark(const Growth& growth, StreamId stream, std::size_t size);
-  std::pair<std::uintptr_t, std::uintptr_t> pages_inside(const Block* block) const;
+  static constexpr std::size_t kChunksPerGrowth = 32;  // Note [physical chunks]
+  static constexpr std::size_t kMaxChunk = std::size_t{256} << 20;
+  std::size_t chunk_for(std::size_t bytes) const;
+  bool map_chunks(Segment& segment, std::uintptr_t addr, std::size_t bytes);
+  std::pair<std::uintptr_t, std::uintptr_t> chunks_inside(const Block* block) const;
   Block* reserve_range(const Request& r);
   Block* map_front(Request& r, Block* unmapped);
   std::size_t unmap_block(Block* block);

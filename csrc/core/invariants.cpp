@@ -72,6 +72,31 @@ void check_source(int device, const Segment& s, const SegmentSource* backend_sou
   if (s.pool->no_split && s.head->next) broken(device, "segment of a no_split pool holds more than one block", s.addr);
 }
 
+// A growable segment's chunks tile its mapped stretches: disjoint, whole pages, inside the
+// segment, summing to its mapped bytes, and none reaching into an unmapped block.
+void check_chunks(int device, const Segment& s, std::size_t page) {
+  if (!s.growable) {
+    if (!s.chunks.empty()) broken(device, "plain segment with chunks", s.addr);
+    return;
+  }
+  std::size_t sum = 0;
+  std::uintptr_t end = s.addr;
+  for (const auto& [addr, bytes] : s.chunks) {
+    if (addr < end || bytes == 0 || bytes % page != 0 || (addr - s.addr) % page != 0) broken(device, "chunks overlap or are not whole pages", addr);
+    if (addr + bytes > s.addr + s.size) broken(device, "chunk reaches past its segment", addr);
+    end = addr + bytes;
+    sum += bytes;
+  }
+  if (sum != s.mapped) broken(device, "chunks do not sum to the segment's mapped bytes", s.addr);
+  for (const Block* b = s.head; b; b = b->next) {
+    if (b->mapped) continue;
+    auto it = s.chunks.lower_bound(b->addr);
+    const bool inside = it != s.chunks.end() && it->first < b->addr + b->size;
+    const bool before = it != s.chunks.begin() && std::prev(it)->first + std::prev(it)->second > b->addr;
+    if (inside || before) broken(device, "a chunk reaches into an unmapped block", b->addr);
+  }
+}
+
 void check_segment(int device, const Segment& s, std::size_t page, Recount& r) {
   if (!s.head || s.head->prev || s.head->addr != s.addr) broken(device, "segment head is not its first block", s.addr);
   ++r.segments[s.pool];
@@ -98,6 +123,7 @@ void check_segment(int device, const Segment& s, std::size_t page, Recount& r) {
   }
   if (total != s.size) broken(device, "block sizes do not sum to the segment size", s.addr);
   if (s.mapped != s.size - unmapped) broken(device, "mapped bytes differ from the segment less its unmapped blocks", s.addr);
+  check_chunks(device, s, page);
 }
 
 void compare(int device, const char* name, const StatArray& kept, const StatArray& recounted) {

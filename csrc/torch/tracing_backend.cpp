@@ -53,8 +53,8 @@ void TracingBackend::release(int device, void* ptr, std::size_t bytes) {
   inner_.release(device, ptr, bytes);
 }
 
-bool TracingBackend::map(int device, void* ptr, std::size_t bytes) {
-  const bool mapped = inner_.map(device, ptr, bytes);
+bool TracingBackend::map(int device, void* ptr, std::size_t bytes, std::size_t chunk) {
+  const bool mapped = inner_.map(device, ptr, bytes, chunk);
   if (mapped && history_.active()) {
     const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
     quietly([&] {

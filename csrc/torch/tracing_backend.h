@@ -43,7 +43,7 @@ class TracingBackend final : public Backend {
   void release_address(int device, void* ptr, std::size_t bytes) override {
     inner_.release_address(device, ptr, bytes);
   }
-  bool map(int device, void* ptr, std::size_t bytes) override;
+  bool map(int device, void* ptr, std::size_t bytes, std::size_t chunk) override;
   void unmap(int device, void* ptr, std::size_t bytes) override;
   void grant_peer(int device, int peer) override { inner_.grant_peer(device, peer); }
   CaptureMarker capture_marker(int device, StreamId stream) override { return inner_.capture_marker(device, stream); }

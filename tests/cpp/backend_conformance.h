@@ -128,12 +128,14 @@ TEMPLATE_LIST_TEST_CASE("virtual memory, where a backend has it: aligned ranges,
   REQUIRE(range != nullptr);
   REQUIRE(at(range) % page == 0);
   const MemInfo empty = b.mem_info(0);
-  REQUIRE(b.map(0, range, 2 * page));
+  REQUIRE(b.map(0, range, 2 * page, page));  // two allocations of a page each
   const MemInfo two = b.mem_info(0);
   REQUIRE(two.free + 2 * page <= empty.free + page);  // the pages are device memory now (driver slack: a page)
-  REQUIRE(b.map(0, static_cast<char*>(range) + 2 * page, page));
-  b.unmap(0, range, page);                 // part of a mapped stretch
-  b.unmap(0, static_cast<char*>(range) + page, 2 * page);
+  REQUIRE(b.map(0, static_cast<char*>(range) + 2 * page, 2 * page, 2 * page));  // one of two pages
+  b.unmap(0, range, page);                 // one allocation of a mapped stretch
+  // Part of an allocation is refused and changes nothing; the whole of it then goes.
+  REQUIRE_THROWS_AS(b.unmap(0, static_cast<char*>(range) + page, 2 * page), std::logic_error);
+  b.unmap(0, static_cast<char*>(range) + page, 3 * page);
   REQUIRE(b.mem_info(0).free + page >= empty.free);  // unmapped pages are the device's again
   // More pages than the device has: refused, nothing stays mapped, and a smaller map then works.
   const std::size_t total = b.total_memory(0);
@@ -141,8 +143,9 @@ TEMPLATE_LIST_TEST_CASE("virtual memory, where a backend has it: aligned ranges,
   void* huge = b.reserve_address(0, too_many);
   if (!huge) WARN(f.name << ": no address range of " << too_many << " bytes; the oversized map went unchecked");
   if (huge) {
-    REQUIRE_FALSE(b.map(0, huge, too_many));
-    REQUIRE(b.map(0, huge, page));
+    REQUIRE_FALSE(b.map(0, huge, too_many, page));
+    REQUIRE_FALSE(b.map(0, huge, too_many, too_many));
+    REQUIRE(b.map(0, huge, page, page));
     b.unmap(0, huge, page);
     b.release_address(0, huge, too_many);
   }

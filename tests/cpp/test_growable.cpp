@@ -331,6 +331,62 @@ TEST_CASE("free memory that shares a page with a live block stays mapped", "[gro
   REQUIRE(sim.mapped(x2->addr));
 }
 
+// ---- physical chunks (Note [physical chunks]) -----------------------------------------------
+
+TEST_CASE("a large growth is mapped in a few chunks, a small one page by page", "[growable][chunks]") {
+  VmSim sim;
+  sim.malloc(1 * GiB);  // chunks of 32 MiB: the largest power-of-two pages within 1/32 of it
+  REQUIRE(sim.ledger().maps == 1);
+  REQUIRE(sim.ledger().allocations == 32);
+  sim.malloc(126 * MiB);  // 63 pages: under 64, so a page each
+  REQUIRE(sim.ledger().maps == 2);
+  REQUIRE(sim.ledger().allocations == 32 + 63);
+  sim.malloc(4 * GiB);  // chunks of 128 MiB
+  REQUIRE(sim.ledger().allocations == 32 + 63 + 32);
+  sim.alloc.check_invariants();
+}
+
+TEST_CASE("chunks stop at 256 MiB however large the growth", "[growable][chunks]") {
+  Sim sim(std::nullopt, 64 * GiB, 0.0, kPage, true);
+  sim.malloc(60 * GiB + 2 * MiB);  // 240 chunks of 256 MiB and the last page
+  REQUIRE(sim.ledger().maps == 1);
+  REQUIRE(sim.ledger().allocations == 241);
+  sim.alloc.check_invariants();
+}
+
+TEST_CASE("a chunk that a live block shares stays mapped, the free chunks around it go", "[growable][chunks][release]") {
+  VmSim sim;
+  sim.free(sim.malloc(1 * GiB));
+  Block* live = sim.malloc(10 * MiB);  // from the cached 1 GiB, at its start: inside the first chunk
+  sim.alloc.empty_cache();
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.reserved() == 32 * MiB);  // the first chunk, not the 10 MiB's 5 pages
+  REQUIRE(sim.ledger().mapped == 32 * MiB);
+  REQUIRE(sim.ledger().unmaps == 1);  // the 31 free chunks after it, in one call
+  REQUIRE(sim.mapped(live->addr + 31 * MiB));
+  sim.free(live);
+  sim.alloc.empty_cache();
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.reserved() == 0);
+  REQUIRE(sim.ledger().in_use == 0);
+}
+
+TEST_CASE("a growth joined to a free block maps its own chunks; giving back takes only whole ones", "[growable][chunks][release]") {
+  VmSim sim;
+  Block* a = sim.malloc(100 * MiB);  // 50 pages, a page each
+  Block* b = sim.malloc(2 * GiB);    // 64 MiB chunks
+  sim.free(a);
+  Block* c = sim.malloc(40 * MiB);   // the first 20 pages of a's block
+  sim.alloc.empty_cache();           // the 30 free pages after c go; b's chunks are live
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.reserved() == 40 * MiB + 2 * GiB);
+  sim.free(b);
+  sim.alloc.empty_cache();
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.reserved() == 40 * MiB);
+  REQUIRE(sim.mapped(c->addr));
+}
+
 TEST_CASE("empty_cache with nothing live gives back every page and address range", "[growable][release]") {
   VmSim sim;
   sim.free(sim.malloc(5 * MiB));

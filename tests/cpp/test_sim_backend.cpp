@@ -138,9 +138,9 @@ TEST_CASE("the largest device maps pages anywhere in a range as large as it", "[
   void* range = sim.reserve_address(SimBackend::kMaxCapacity);
   REQUIRE(range != nullptr);
   const std::size_t last = SimBackend::kMaxCapacity - kPage;
-  REQUIRE(sim.backend.map(0, range, 3 * kPage));
-  REQUIRE(sim.backend.map(0, ptr_at(range, last), kPage));
-  REQUIRE(sim.backend.map(0, ptr_at(range, 3 * kPage), 3 * kPage));  // joins the first run
+  REQUIRE(sim.backend.map(0, range, 3 * kPage, kPage));
+  REQUIRE(sim.backend.map(0, ptr_at(range, last), kPage, kPage));
+  REQUIRE(sim.backend.map(0, ptr_at(range, 3 * kPage), 3 * kPage, kPage));  // joins the first run
   sim.backend.unmap(0, ptr_at(range, kPage), 4 * kPage);  // splits the runs either side
   REQUIRE(sim.backend.is_mapped(0, at(range)));
   REQUIRE_FALSE(sim.backend.is_mapped(0, at(range, kPage)));
@@ -148,12 +148,28 @@ TEST_CASE("the largest device maps pages anywhere in a range as large as it", "[
   REQUIRE(sim.backend.is_mapped(0, at(range, 5 * kPage)));
   REQUIRE(sim.backend.is_mapped(0, at(range, last)));
   REQUIRE(sim.ledger().mapped == 3 * kPage);
-  REQUIRE_THROWS_AS(sim.backend.map(0, ptr_at(range, 5 * kPage), kPage), std::logic_error);
-  REQUIRE(sim.backend.map(0, ptr_at(range, kPage), 4 * kPage));  // joins them into one run
+  REQUIRE_THROWS_AS(sim.backend.map(0, ptr_at(range, 5 * kPage), kPage, kPage), std::logic_error);
+  REQUIRE(sim.backend.map(0, ptr_at(range, kPage), 4 * kPage, 2 * kPage));  // joins them into one run
   sim.backend.unmap(0, range, 6 * kPage);
   sim.backend.unmap(0, ptr_at(range, last), kPage);
   REQUIRE(sim.ledger().mapped == 0);
   sim.backend.release_address(0, range, SimBackend::kMaxCapacity);
+}
+
+TEST_CASE("an unmap gives back whole allocations of map calls only", "[sim]") {
+  VmSim sim;
+  void* range = sim.reserve_address(8 * kPage);
+  REQUIRE(sim.backend.map(0, range, 5 * kPage, 2 * kPage));  // allocations of 2, 2 and 1 pages
+  REQUIRE(sim.ledger().allocations == 3);
+  REQUIRE_THROWS_AS(sim.backend.unmap(0, range, kPage), std::logic_error);
+  REQUIRE_THROWS_AS(sim.backend.unmap(0, ptr_at(range, kPage), 2 * kPage), std::logic_error);
+  REQUIRE_THROWS_AS(sim.backend.unmap(0, range, 3 * kPage), std::logic_error);
+  REQUIRE(sim.ledger().mapped == 5 * kPage);  // the refusals changed nothing
+  sim.backend.unmap(0, ptr_at(range, 2 * kPage), 3 * kPage);
+  sim.backend.unmap(0, range, 2 * kPage);
+  REQUIRE(sim.ledger().mapped == 0);
+  REQUIRE_THROWS_AS(sim.backend.map(0, range, 2 * kPage, kPage / 2), std::logic_error);
+  sim.backend.release_address(0, range, 8 * kPage);
 }
 
 TEST_CASE("a device larger than the simulator models is refused, naming the sizes", "[sim]") {
@@ -188,7 +204,7 @@ TEST_CASE("release_address ends a range", "[sim]") {
   void* range = sim.reserve_address(2 * kPage);
   sim.backend.release_address(0, range, 2 * kPage);
   REQUIRE(sim.ledger().address_ranges == 0);
-  REQUIRE_THROWS_AS(sim.backend.map(0, range, kPage), std::logic_error);
+  REQUIRE_THROWS_AS(sim.backend.map(0, range, kPage, kPage), std::logic_error);
 }
 
 TEST_CASE("refuse_addresses makes reserve_address return nullptr until it is cleared", "[sim]") {
@@ -205,7 +221,7 @@ TEST_CASE("refuse_addresses makes reserve_address return nullptr until it is cle
 TEST_CASE("map counts the mapped bytes as memory in use", "[sim]") {
   VmSim sim;
   void* range = sim.reserve_address(8 * kPage);
-  REQUIRE(sim.backend.map(0, range, 3 * kPage));
+  REQUIRE(sim.backend.map(0, range, 3 * kPage, kPage));
   const SimBackend::Ledger ledger = sim.ledger();
   REQUIRE(ledger.in_use == 3 * kPage);
   REQUIRE(ledger.mapped == 3 * kPage);
@@ -216,7 +232,7 @@ TEST_CASE("map counts the mapped bytes as memory in use", "[sim]") {
 TEST_CASE("map marks exactly its pages mapped", "[sim]") {
   VmSim sim;
   void* range = sim.reserve_address(4 * kPage);
-  REQUIRE(sim.backend.map(0, ptr_at(range, kPage), 2 * kPage));
+  REQUIRE(sim.backend.map(0, ptr_at(range, kPage), 2 * kPage, kPage));
   REQUIRE_FALSE(sim.backend.is_mapped(0, at(range)));
   REQUIRE(sim.backend.is_mapped(0, at(range, kPage)));
   REQUIRE(sim.backend.is_mapped(0, at(range, 3 * kPage - 1)));
@@ -227,7 +243,7 @@ TEST_CASE("the peak covers plain segments and mapped pages together", "[sim]") {
   VmSim sim;
   void* segment = sim.backend.reserve(0, 10 * MiB);
   void* range = sim.reserve_address(4 * kPage);
-  REQUIRE(sim.backend.map(0, range, 4 * kPage));
+  REQUIRE(sim.backend.map(0, range, 4 * kPage, kPage));
   sim.backend.release(0, segment, 10 * MiB);
   REQUIRE(sim.ledger().peak == 10 * MiB + 4 * kPage);
   REQUIRE(sim.ledger().in_use == 4 * kPage);
@@ -237,37 +253,37 @@ TEST_CASE("map is refused beyond the capacity and leaves nothing mapped", "[sim]
   VmSim sim;
   REQUIRE(sim.backend.reserve(0, kCapacity - 2 * kPage) != nullptr);
   void* range = sim.reserve_address(4 * kPage);
-  REQUIRE_FALSE(sim.backend.map(0, range, 3 * kPage));
+  REQUIRE_FALSE(sim.backend.map(0, range, 3 * kPage, kPage));
   REQUIRE(sim.ledger().refusals == 1);
   REQUIRE(sim.ledger().mapped == 0);
   REQUIRE(sim.ledger().maps == 0);
   REQUIRE(sim.ledger().in_use == kCapacity - 2 * kPage);
   REQUIRE_FALSE(sim.backend.is_mapped(0, at(range)));
-  REQUIRE(sim.backend.map(0, range, 2 * kPage));
+  REQUIRE(sim.backend.map(0, range, 2 * kPage, kPage));
 }
 
 TEST_CASE("map is refused by fail_next", "[sim]") {
   VmSim sim;
   void* range = sim.reserve_address(2 * kPage);
   sim.backend.fail_next(1);
-  REQUIRE_FALSE(sim.backend.map(0, range, kPage));
+  REQUIRE_FALSE(sim.backend.map(0, range, kPage, kPage));
   REQUIRE(sim.ledger().refusals == 1);
   REQUIRE_FALSE(sim.backend.is_mapped(0, at(range)));
-  REQUIRE(sim.backend.map(0, range, kPage));
+  REQUIRE(sim.backend.map(0, range, kPage, kPage));
 }
 
 TEST_CASE("map is refused by fail_when, which sees the bytes to map", "[sim]") {
   VmSim sim;
   void* range = sim.reserve_address(4 * kPage);
   sim.backend.fail_when([](int, std::size_t bytes) { return bytes > kPage; });
-  REQUIRE_FALSE(sim.backend.map(0, range, 2 * kPage));
-  REQUIRE(sim.backend.map(0, range, kPage));
+  REQUIRE_FALSE(sim.backend.map(0, range, 2 * kPage, kPage));
+  REQUIRE(sim.backend.map(0, range, kPage, kPage));
 }
 
 TEST_CASE("unmap returns the bytes to the device", "[sim]") {
   VmSim sim;
   void* range = sim.reserve_address(4 * kPage);
-  REQUIRE(sim.backend.map(0, range, 4 * kPage));
+  REQUIRE(sim.backend.map(0, range, 4 * kPage, kPage));
   sim.backend.unmap(0, range, 4 * kPage);
   const SimBackend::Ledger ledger = sim.ledger();
   REQUIRE(ledger.in_use == 0);
@@ -280,8 +296,8 @@ TEST_CASE("unmap returns the bytes to the device", "[sim]") {
 TEST_CASE("one unmap may return pages of several map calls", "[sim]") {
   VmSim sim;
   void* range = sim.reserve_address(4 * kPage);
-  REQUIRE(sim.backend.map(0, range, kPage));
-  REQUIRE(sim.backend.map(0, ptr_at(range, kPage), 3 * kPage));
+  REQUIRE(sim.backend.map(0, range, kPage, kPage));
+  REQUIRE(sim.backend.map(0, ptr_at(range, kPage), 3 * kPage, kPage));
   sim.backend.unmap(0, range, 4 * kPage);
   REQUIRE(sim.ledger().mapped == 0);
 }
@@ -289,7 +305,7 @@ TEST_CASE("one unmap may return pages of several map calls", "[sim]") {
 TEST_CASE("unmap may return part of what one map call mapped", "[sim]") {
   VmSim sim;
   void* range = sim.reserve_address(4 * kPage);
-  REQUIRE(sim.backend.map(0, range, 4 * kPage));
+  REQUIRE(sim.backend.map(0, range, 4 * kPage, kPage));
   sim.backend.unmap(0, ptr_at(range, 2 * kPage), 2 * kPage);
   REQUIRE(sim.ledger().mapped == 2 * kPage);
   REQUIRE(sim.backend.is_mapped(0, at(range, kPage)));
@@ -299,7 +315,7 @@ TEST_CASE("unmap may return part of what one map call mapped", "[sim]") {
 TEST_CASE("mem_info's free memory falls by the mapped bytes", "[sim]") {
   VmSim sim;
   void* range = sim.reserve_address(4 * kPage);
-  REQUIRE(sim.backend.map(0, range, 3 * kPage));
+  REQUIRE(sim.backend.map(0, range, 3 * kPage, kPage));
   const MemInfo info = sim.backend.mem_info(0);
   REQUIRE(info.total == kCapacity);
   REQUIRE(info.free == kCapacity - 3 * kPage);
@@ -310,15 +326,15 @@ TEST_CASE("mem_info's free memory falls by the mapped bytes", "[sim]") {
 TEST_CASE("mapping a page that is already mapped is a logic error", "[sim]") {
   VmSim sim;
   void* range = sim.reserve_address(4 * kPage);
-  REQUIRE(sim.backend.map(0, ptr_at(range, kPage), kPage));
-  REQUIRE_THROWS_AS(sim.backend.map(0, range, 2 * kPage), std::logic_error);
+  REQUIRE(sim.backend.map(0, ptr_at(range, kPage), kPage, kPage));
+  REQUIRE_THROWS_AS(sim.backend.map(0, range, 2 * kPage, kPage), std::logic_error);
   REQUIRE(sim.ledger().mapped == kPage);
 }
 
 TEST_CASE("unmapping a page that is not mapped is a logic error", "[sim]") {
   VmSim sim;
   void* range = sim.reserve_address(4 * kPage);
-  REQUIRE(sim.backend.map(0, range, kPage));
+  REQUIRE(sim.backend.map(0, range, kPage, kPage));
   REQUIRE_THROWS_AS(sim.backend.unmap(0, range, 2 * kPage), std::logic_error);
   REQUIRE(sim.ledger().mapped == kPage);
 }
@@ -326,32 +342,32 @@ TEST_CASE("unmapping a page that is not mapped is a logic error", "[sim]") {
 TEST_CASE("an unaligned map or unmap is a logic error", "[sim]") {
   VmSim sim;
   void* range = sim.reserve_address(4 * kPage);
-  REQUIRE_THROWS_AS(sim.backend.map(0, ptr_at(range, 512), kPage), std::logic_error);
-  REQUIRE_THROWS_AS(sim.backend.map(0, range, kPage + 512), std::logic_error);
-  REQUIRE_THROWS_AS(sim.backend.map(0, range, 0), std::logic_error);
-  REQUIRE(sim.backend.map(0, range, kPage));
+  REQUIRE_THROWS_AS(sim.backend.map(0, ptr_at(range, 512), kPage, kPage), std::logic_error);
+  REQUIRE_THROWS_AS(sim.backend.map(0, range, kPage + 512, kPage), std::logic_error);
+  REQUIRE_THROWS_AS(sim.backend.map(0, range, 0, kPage), std::logic_error);
+  REQUIRE(sim.backend.map(0, range, kPage, kPage));
   REQUIRE_THROWS_AS(sim.backend.unmap(0, range, kPage / 2), std::logic_error);
 }
 
 TEST_CASE("mapping outside a reserved range is a logic error", "[sim]") {
   VmSim sim;
   void* range = sim.reserve_address(2 * kPage);
-  REQUIRE_THROWS_AS(sim.backend.map(0, range, 3 * kPage), std::logic_error);
-  REQUIRE_THROWS_AS(sim.backend.map(0, ptr_at(range, 2 * kPage), kPage), std::logic_error);
-  REQUIRE_THROWS_AS(sim.backend.map(0, ptr_at(range, -static_cast<std::ptrdiff_t>(kPage)), kPage),
+  REQUIRE_THROWS_AS(sim.backend.map(0, range, 3 * kPage, kPage), std::logic_error);
+  REQUIRE_THROWS_AS(sim.backend.map(0, ptr_at(range, 2 * kPage), kPage, kPage), std::logic_error);
+  REQUIRE_THROWS_AS(sim.backend.map(0, ptr_at(range, -static_cast<std::ptrdiff_t>(kPage)), kPage, kPage),
                     std::logic_error);
 }
 
 TEST_CASE("mapping without virtual memory is a logic error", "[sim]") {
   SimBackend backend(kCapacity);
   void* segment = backend.reserve(0, kPage);
-  REQUIRE_THROWS_AS(backend.map(0, segment, kPage), std::logic_error);
+  REQUIRE_THROWS_AS(backend.map(0, segment, kPage, kPage), std::logic_error);
 }
 
 TEST_CASE("releasing a range with pages mapped is a logic error", "[sim]") {
   VmSim sim;
   void* range = sim.reserve_address(4 * kPage);
-  REQUIRE(sim.backend.map(0, ptr_at(range, 3 * kPage), kPage));
+  REQUIRE(sim.backend.map(0, ptr_at(range, 3 * kPage), kPage, kPage));
   REQUIRE_THROWS_AS(sim.backend.release_address(0, range, 4 * kPage), std::logic_error);
   REQUIRE(sim.ledger().address_ranges == 1);
 }
@@ -374,7 +390,7 @@ TEST_CASE("reserving a range that is not a multiple of the page is a logic error
 TEST_CASE("a granted peer can access pages mapped before the grant", "[sim]") {
   VmSim sim(kCapacity, 2);
   void* range = sim.reserve_address(2 * kPage);
-  REQUIRE(sim.backend.map(0, range, kPage));
+  REQUIRE(sim.backend.map(0, range, kPage, kPage));
   sim.backend.grant_peer(0, 1);
   REQUIRE(sim.backend.peer_can_access(0, 1, at(range)));
 }
@@ -383,14 +399,14 @@ TEST_CASE("a granted peer can access pages mapped after the grant", "[sim]") {
   VmSim sim(kCapacity, 2);
   void* range = sim.reserve_address(2 * kPage);
   sim.backend.grant_peer(0, 1);
-  REQUIRE(sim.backend.map(0, ptr_at(range, kPage), kPage));
+  REQUIRE(sim.backend.map(0, ptr_at(range, kPage), kPage, kPage));
   REQUIRE(sim.backend.peer_can_access(0, 1, at(range, kPage)));
 }
 
 TEST_CASE("a peer that was not granted cannot access mapped pages", "[sim]") {
   VmSim sim(kCapacity, 3);
   void* range = sim.reserve_address(kPage);
-  REQUIRE(sim.backend.map(0, range, kPage));
+  REQUIRE(sim.backend.map(0, range, kPage, kPage));
   sim.backend.grant_peer(0, 2);
   REQUIRE_FALSE(sim.backend.peer_can_access(0, 1, at(range)));
 }
@@ -399,7 +415,7 @@ TEST_CASE("a granted peer cannot access pages that are not mapped", "[sim]") {
   VmSim sim(kCapacity, 2);
   void* range = sim.reserve_address(2 * kPage);
   sim.backend.grant_peer(0, 1);
-  REQUIRE(sim.backend.map(0, range, kPage));
+  REQUIRE(sim.backend.map(0, range, kPage, kPage));
   REQUIRE_FALSE(sim.backend.peer_can_access(0, 1, at(range, kPage)));
   sim.backend.unmap(0, range, kPage);
   REQUIRE_FALSE(sim.backend.peer_can_access(0, 1, at(range)));
