@@ -3,8 +3,10 @@
 #include "core/device_allocator.h"
 
 #include <algorithm>
+#include <exception>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/limit_spec.h"
 
@@ -18,8 +20,13 @@ void DeviceAllocator::record_stream(Block* block, StreamId stream) {
 }
 
 void* DeviceAllocator::malloc_uncached(std::size_t size) {
-  const WholeDevice whole(core_);
-  return core_.malloc_uncached(size);
+  for (;;) {
+    {
+      const WholeDevice whole(core_);
+      if (void* ptr = core_.malloc_uncached(size)) return ptr;
+    }
+    core_.d_.departing.wait();  // memory on its way back may make room (core/departures.h)
+  }
 }
 
 bool DeviceAllocator::free_uncached(void* ptr) {
@@ -27,9 +34,21 @@ bool DeviceAllocator::free_uncached(void* ptr) {
   return core_.free_uncached(ptr);
 }
 
+// Plain segments go back to the backend after the whole device is let go of (core/departures.h):
+// a long cudaFree stalls no other thread's allocation.
 void DeviceAllocator::empty_cache(PoolId pool) {
-  const WholeDevice whole(core_);
-  core_.empty_cache(pool);
+  std::vector<Departure> departing;
+  std::exception_ptr error;
+  {
+    const WholeDevice whole(core_);
+    try {
+      core_.empty_cache(pool, &departing);
+    } catch (...) {
+      error = std::current_exception();  // what was taken out of the tables still goes back
+    }
+  }
+  if (!departing.empty()) core_.give_back(departing);
+  if (error) std::rethrow_exception(error);
 }
 
 // ---- the limit ----

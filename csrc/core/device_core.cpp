@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <string>
+#include <vector>
 
 #include "core/limit_spec.h"
 #include "core/share_hooks.h"
@@ -105,7 +107,12 @@ Block* DeviceCore::malloc(std::size_t requested, StreamId stream, std::size_t at
   if (LaneSlot* slot = d_.lanes.slot_of(stream)) {
     if (Block* block = malloc_in_lane(*slot, size, requested)) return block;
   }
-  return malloc_on_device(size, requested, stream);
+  // nullptr: memory on its way back to the device may make room (core/departures.h); wait for it
+  // with no lock held, and try again.
+  for (;;) {
+    if (Block* block = malloc_on_device(size, requested, stream)) return block;
+    d_.departing.wait();
+  }
 }
 
 [[gnu::noinline]] Block* DeviceCore::malloc_on_device(std::size_t size, std::size_t requested, StreamId stream) {
@@ -143,6 +150,7 @@ Block* DeviceCore::malloc(std::size_t requested, StreamId stream, std::size_t at
   }
   if (!block && r.device_refused && d_.share && d_.share->retry_after_refusal(d_)) block = sources_.serving(*r.pool).grow(r);
   if (retried) ++d_.stats.num_alloc_retries;
+  if (!block && d_.departing.bytes() > 0) return nullptr;  // malloc waits for it and calls again
   if (!block) throw_oom(requested, size, r.device_refused);
   block = place(block, size, requested, nullptr);
   if (release_.threshold() > 0.0) release_.apply_threshold();
@@ -336,6 +344,7 @@ void* DeviceCore::malloc_uncached(std::size_t requested) {
   if (!ptr && device_refused && d_.share && d_.share->retry_after_refusal(d_)) {
     ptr = uncached_.reserve(d_.cap, bytes, device_refused);
   }
+  if (!ptr && d_.departing.bytes() > 0) return nullptr;  // the facade waits for it and calls again
   if (!ptr) throw_oom(requested, bytes, device_refused);
   debug_check();
   return ptr;
@@ -349,7 +358,12 @@ bool DeviceCore::free_uncached(void* ptr) {
 
 // ---- giving back, and private pools ----
 
-void DeviceCore::empty_cache(PoolId id) {
+void DeviceCore::empty_cache(PoolId id, std::vector<Departure>* departing) {
+  struct Deferring {
+    PlainSegments& plain;
+    ~Deferring() { plain.defer_to(nullptr); }
+  } deferring{sources_.plain};
+  sources_.plain.defer_to(departing);
   if (!id.is_default()) {
     empty_pool_cache(id);
   } else if (!d_.capturing()) {
@@ -362,6 +376,30 @@ void DeviceCore::empty_cache(PoolId id) {
   }
   d_.pools.erase_dead();
   debug_check();
+}
+
+// The second half of an empty_cache that deferred segments: each goes to its source with no lock
+// held, then the cap lets go of their bytes under the whole device. A source that throws still has
+// its bytes taken off the cap (what it holds is unknown, and waiters must not wait for ever); the
+// first error is raised once every other segment went back.
+void DeviceCore::give_back(const std::vector<Departure>& departing) {
+  std::exception_ptr first;
+  std::size_t bytes = 0;
+  for (const Departure& segment : departing) {
+    try {
+      segment.source->release(segment.ptr, segment.bytes);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+    bytes += segment.bytes;
+  }
+  {
+    const WholeDevice whole(*this);
+    d_.cap.unreserve(bytes);
+    d_.departing.done(bytes);
+    debug_check();
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 // empty_cache of one pool: only if nobody holds it. Blocks still waiting for other streams are

@@ -85,9 +85,13 @@ class DeviceCore {
   Block* malloc(std::size_t requested, StreamId stream, std::size_t at_least);
   void free(Block* block);
 
+  // nullptr where memory on its way back may make room: wait for it (d_.departing) and call again.
   void* malloc_uncached(std::size_t size);
   bool free_uncached(void* ptr);
-  void empty_cache(PoolId pool);
+  // With `departing`, the backend's plain segments it releases go there instead of to the backend
+  // (core/departures.h); give_back, called with no lock held, then gives them back.
+  void empty_cache(PoolId pool, std::vector<Departure>* departing = nullptr);
+  void give_back(const std::vector<Departure>& departing);
   void set_limit(std::size_t limit);
   void set_scope(LimitScope scope);
   void end_target(PoolId pool);

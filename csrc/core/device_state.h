@@ -15,9 +15,10 @@
 
 #include "core/backend.h"
 #include "core/block.h"
+#include "core/cap.h"
+#include "core/departures.h"
 #include "core/lane_ledgers.h"
 #include "core/lanes.h"
-#include "core/cap.h"
 #include "core/pool.h"
 #include "core/private_pools.h"
 #include "core/segment_source.h"
@@ -59,6 +60,7 @@ struct DeviceState {
   SegmentTable segments;  // by address: the owner of every Segment (core/segment_table.h)
   ShareHooks* share = nullptr;  // the GPU's sharing (core/share_hooks.h), where this process shares it
   std::size_t reserved_high = 0;  // the most ever reserved by segments and pages (not reset with the statistics)
+  Departures departing;  // plain segments empty_cache is giving back outside the lock (core/departures.h)
 
   // A pool target is active: a graph may be capturing, so nothing waits on events, synchronizes or
   // unmaps.

@@ -179,8 +179,8 @@ void check_device(const DeviceCore& core) {
 #define GPUMEM_COMPARE(name, help) compare(d.device, #name, kept.name, r.stats.name);
   GPUMEM_STAT_ARRAYS(GPUMEM_COMPARE)
 #undef GPUMEM_COMPARE
-  if (d.cap.reserved() != static_cast<std::size_t>(d.stats.reserved_bytes()) + core.uncached_.bytes()) {
-    broken(d.device, "the cap's reserved bytes differ from the statistics and the uncached bytes", 0);
+  if (d.cap.reserved() != static_cast<std::size_t>(d.stats.reserved_bytes()) + core.uncached_.bytes() + d.departing.bytes()) {
+    broken(d.device, "the cap's reserved bytes differ from the statistics, the uncached bytes and those departing", 0);
   }
   check_arenas(d);
   std::map<const Block*, int> events;

@@ -45,9 +45,15 @@ std::vector<Segment*> PlainSegments::unused() const {
 
 void PlainSegments::release_segment(Segment* segment) {
   Block* head = segment->head;
-  segment->source->release(head->ptr(), segment->size);
+  const bool defer = deferred_ && segment->source == &d_.backend_source;
+  if (defer) {
+    deferred_->push_back({segment->source, head->ptr(), segment->size});  // first: it may throw
+    d_.departing.add(segment->size);
+  } else {
+    segment->source->release(head->ptr(), segment->size);
+  }
   segment->pool->blocks_for(segment->small).erase(head);
-  d_.cap.unreserve(segment->size);
+  if (!defer) d_.cap.unreserve(segment->size);
   d_.stats.unreserve(segment->small, segment->size, 1);
   ++d_.stats.num_device_free;
   d_.erase_segment(segment);

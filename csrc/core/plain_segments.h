@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "core/departures.h"
 #include "core/memory_source.h"
 
 namespace gpumem {
@@ -23,8 +24,12 @@ class PlainSegments final : public MemorySource {
   void drop(const Segment& segment) noexcept override;
 
   // Gives one unused segment back to its source. The source first: if it throws, the segment is
-  // still cached and everything is as before.
+  // still cached and everything is as before. While deferring (below), a segment of the backend's
+  // instead leaves the tables and the statistics for `out`, its bytes still in the cap and counted
+  // as departing (core/departures.h); the caller gives it back after letting go of the device.
   void release_segment(Segment* segment);
+  // Defers the backend's segments that releases give back to `out` from now on; nullptr ends it.
+  void defer_to(std::vector<Departure>* out) { deferred_ = out; }
   // The unused segments of releasable pools, in address order.
   std::vector<Segment*> unused() const;
 
@@ -32,6 +37,7 @@ class PlainSegments final : public MemorySource {
   Block* reserve(Request& r, std::size_t bytes);
 
   DeviceState& d_;
+  std::vector<Departure>* deferred_ = nullptr;
 };
 
 }  // namespace gpumem
