@@ -204,6 +204,10 @@ void TorchAllocator::free_uncached_address(void* ptr) {
 }
 
 void TorchAllocator::free_recorded(Block* block) {
+  if (C10_LIKELY(!history_.active() && !c10::memoryProfilingEnabled())) {  // nobody listens: the hot path
+    CachingAllocator::free(block);
+    return;
+  }
   const int device = CachingAllocator::device_of(block);
   void* const ptr = block->ptr();
   const auto size = static_cast<std::int64_t>(block->size);
