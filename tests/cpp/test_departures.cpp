@@ -88,24 +88,33 @@ TEST_CASE("while empty_cache gives a segment back, other threads allocate from t
   for (Block* b : {live, cached.get(), fresh.get()}) alloc.free(b);
 }
 
-TEST_CASE("a request that needs departing memory waits for it and is served, never over the cap", "[departures][threads][cap]") {
-  SlowRelease backend(kDeviceBytes);
-  DeviceAllocator alloc(backend, 0, plain(100 * MiB));
+// The cap (100 MiB) cached whole; while empty_cache gives it back, `request` on another thread
+// waits, and is served once the memory is back, the device never holding more than the cap.
+template <class Request>
+auto served_after_departure(SlowRelease& backend, DeviceAllocator& alloc, Request request) {
+  using Got = decltype(request());
   std::future<void> emptying;
-  std::future<Block*> needing;
+  std::future<Got> needing;
   Opens gate{backend};
-  alloc.free(alloc.malloc(100 * MiB, kStream0));  // the whole cap, cached
+  alloc.free(alloc.malloc(100 * MiB, kStream0));
   emptying = std::async(std::launch::async, [&] { alloc.empty_cache(); });
   backend.wait_entered();
-  needing = std::async(std::launch::async, [&] { return alloc.malloc(60 * MiB, kStream1); });
+  needing = std::async(std::launch::async, request);
   REQUIRE(needing.wait_for(200ms) == std::future_status::timeout);  // waits: the cap is still full
   REQUIRE(alloc.reserved() == 100 * MiB);
   backend.open();
   emptying.get();
-  Block* got = needing.get();  // served once the 100 MiB are back
+  Got got = needing.get();  // served once the 100 MiB are back
   REQUIRE(got != nullptr);
+  REQUIRE(backend.ledger(0).peak <= 100 * MiB);
+  return got;
+}
+
+TEST_CASE("a request that needs departing memory waits for it and is served, never over the cap", "[departures][threads][cap]") {
+  SlowRelease backend(kDeviceBytes);
+  DeviceAllocator alloc(backend, 0, plain(100 * MiB));
+  Block* got = served_after_departure(backend, alloc, [&] { return alloc.malloc(60 * MiB, kStream1); });
   REQUIRE(alloc.reserved() <= 100 * MiB);
-  REQUIRE(backend.ledger(0).peak <= 100 * MiB);  // the device never held more than the cap
   alloc.check_invariants();
   alloc.free(got);
 }
@@ -113,19 +122,7 @@ TEST_CASE("a request that needs departing memory waits for it and is served, nev
 TEST_CASE("caching off: an uncached request waits for departing memory too", "[departures][threads][uncached]") {
   SlowRelease backend(kDeviceBytes);
   DeviceAllocator alloc(backend, 0, plain(100 * MiB));
-  std::future<void> emptying;
-  std::future<void*> needing;
-  Opens gate{backend};
-  alloc.free(alloc.malloc(100 * MiB, kStream0));
-  emptying = std::async(std::launch::async, [&] { alloc.empty_cache(); });
-  backend.wait_entered();
-  needing = std::async(std::launch::async, [&] { return alloc.malloc_uncached(60 * MiB); });
-  REQUIRE(needing.wait_for(200ms) == std::future_status::timeout);
-  backend.open();
-  emptying.get();
-  void* ptr = needing.get();
-  REQUIRE(ptr != nullptr);
-  REQUIRE(backend.ledger(0).peak <= 100 * MiB);
+  void* ptr = served_after_departure(backend, alloc, [&] { return alloc.malloc_uncached(60 * MiB); });
   REQUIRE(alloc.free_uncached(ptr));
   alloc.check_invariants();
 }
