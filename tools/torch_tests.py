@@ -3,7 +3,7 @@
 summarizes what differs. It holds no PyTorch test code: the tests come from the directory given.
 
     torch_tests.py run TESTS OUT [--file F ...] [-k EXPR] [--shard I/N] [--modes native,gpumem]
-                       [--limit 120GB] [--budget 480] [--test-timeout 300]
+                       [--limit 120GB] [--budget 480] [--test-timeout 300] [--jobs 1]
     torch_tests.py collect TESTS OUT [--file F ...] [-k EXPR]
     torch_tests.py summary OUT [--json]
 
@@ -15,7 +15,10 @@ under OUT/<file>/<mode>.jsonl as it happens (tools/torch_tests_log.py). A test t
 process (a signal, an abort, an exit) is recorded as a crash, one that makes no progress for
 --test-timeout seconds as a timeout (its process is killed), and the rest go on in a new process.
 After --budget seconds it stops, killing the test under way (to run again); the same command run
-again goes on where it stopped. Exit status: 0 every selected test has an outcome in every mode;
+again goes on where it stopped. --jobs N runs N pytest processes at once, the modes side by side
+and each mode's tests dealt round-robin among N / (number of modes) of them (each writes
+OUT/<file>/<mode>-w<k>.jsonl; every log of a mode counts): for slow files whose tests do not
+depend on the device's free memory, since the processes share one GPU. Exit status: 0 every selected test has an outcome in every mode;
 3 some are still to run (run the command again); 2 bad arguments, or gpumem did not install.
 
 collect: collects each file natively and prints how many tests it has, or the end of its import
@@ -28,6 +31,7 @@ tests not yet run. Exit status 0 if every selected test ran in both modes, 3 if 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -91,6 +95,19 @@ def outcomes(path: pathlib.Path) -> dict[str, tuple[str, str]]:
         elif kind == "runner":
             final[test] = (str(e.get("outcome", "error")), str(e.get("text", "")))
     return final
+
+
+def mode_logs(rdir: pathlib.Path, mode: str) -> list[pathlib.Path]:
+    """The logs of a mode: the one of a run without --jobs, then each worker's."""
+    return [rdir / f"{mode}.jsonl", *sorted(rdir.glob(f"{mode}-w*.jsonl"))]
+
+
+def mode_outcomes(rdir: pathlib.Path, mode: str) -> dict[str, tuple[str, str]]:
+    """id -> (outcome, text) over every log of the mode."""
+    merged: dict[str, tuple[str, str]] = {}
+    for log in mode_logs(rdir, mode):
+        merged.update(outcomes(log))
+    return merged
 
 
 def last_started(events: list[dict]) -> str | None:
@@ -170,21 +187,23 @@ def run_once(cmd, cwd, env, out_file, log, test_timeout, deadline) -> tuple[int 
     return proc.returncode, None
 
 
-def run_mode(tests, rel, selected, mode, out, args, deadline) -> bool:
-    """Runs the selected tests not yet finished in `mode`; True when none is left."""
-    log = out / f"{mode}.jsonl"
-    env = mode_env(mode, args.limit) | {"TORCH_TESTS_LOG": str(log), "TORCH_TESTS_ONLY": str(out / f"{mode}.todo")}
+def run_mode(tests, rel, selected, mode, out, args, deadline, worker: str = "") -> bool:
+    """Runs the selected tests not yet finished in `mode` (in any of its logs), in one process at a
+    time, logging to `mode``worker`.jsonl; True when none is left."""
+    name = f"{mode}{worker}"
+    log = out / f"{name}.jsonl"
+    env = mode_env(mode, args.limit) | {"TORCH_TESTS_LOG": str(log), "TORCH_TESTS_ONLY": str(out / f"{name}.todo")}
     path = tests / rel
     while True:
-        done = outcomes(log)
+        done = mode_outcomes(out, mode)
         todo = [t for t in selected if t not in done]
         if not todo:
             return True
         if deadline - time.monotonic() < MIN_START_S:
             return False
-        (out / f"{mode}.todo").write_text("".join(t + "\n" for t in todo))
+        (out / f"{name}.todo").write_text("".join(t + "\n" for t in todo))
         before = len(read_events(log))
-        rc, why = run_once(pytest_cmd(tests, path, []), path.parent, env, out / f"{mode}.out", log,
+        rc, why = run_once(pytest_cmd(tests, path, []), path.parent, env, out / f"{name}.out", log,
                            args.test_timeout, deadline)
         events = read_events(log)[before:]
         under_way = last_started(events)
@@ -193,15 +212,35 @@ def run_mode(tests, rel, selected, mode, out, args, deadline) -> bool:
         if under_way:
             outcome = "timeout" if why == "timeout" else "crash"
             record(log, under_way, outcome, f"the process {'was killed' if why else f'ended with status {rc}'}"
-                   f" during this test; see {mode}.out")
+                   f" during this test; see {name}.out")
             continue
         if not any(e.get("event") == "start" for e in events):
             # Nothing ran: the file did not import, or crashed before its first test, in this mode.
             for t in todo:
                 record(log, t, "error", f"not run: its process (status {rc}) ran no test: the file did not import, "
-                   f"or the test was not collected in this mode; see {mode}.out")
+                   f"or the test was not collected in this mode; see {name}.out")
             return True
         # Tests ran and the process ended between two of them: go on with what is left.
+
+
+def run_modes(tests, rel, selected, rdir, args, deadline) -> dict[str, bool]:
+    """Each mode's run of the selected tests: one mode after the other, or with --jobs N, N / (number
+    of modes) workers per mode (at least one) at once, each given every W-th test still to run."""
+    if args.jobs == 1:
+        return {mode: run_mode(tests, rel, selected, mode, rdir, args, deadline) for mode in args.modes}
+    per_mode = max(1, args.jobs // len(args.modes))
+    tasks = []
+    for mode in args.modes:
+        done = mode_outcomes(rdir, mode)
+        todo = [t for t in selected if t not in done]
+        tasks += [(mode, k, todo[k::per_mode]) for k in range(per_mode)]
+    with concurrent.futures.ThreadPoolExecutor(len(tasks)) as pool:
+        futures = [(mode, pool.submit(run_mode, tests, rel, part, mode, rdir, args, deadline, f"-w{k}"))
+                   for mode, k, part in tasks]
+        finished = {mode: True for mode in args.modes}
+        for mode, future in futures:
+            finished[mode] = future.result() and finished[mode]
+    return finished
 
 
 def check_gpumem(limit: str) -> str | None:
@@ -290,9 +329,10 @@ def run(args) -> int:
         known = set((rdir / "selected.txt").read_text().splitlines()) if (rdir / "selected.txt").exists() else set()
         with open(rdir / "selected.txt", "a") as f:
             f.writelines(t + "\n" for t in selected if t not in known)
+        finished_of = run_modes(tests, rel, selected, rdir, args, deadline)
         for mode in args.modes:
-            finished = run_mode(tests, rel, selected, mode, rdir, args, deadline)
-            got = outcomes(rdir / f"{mode}.jsonl")
+            finished = finished_of[mode]
+            got = mode_outcomes(rdir, mode)
             ran = [got[t][0] for t in selected if t in got]
             print(f"{rel} {mode}: {len(ran)}/{len(selected)} run, {ran.count('passed')} passed, "
                   f"{sum(o in FAILED for o in ran)} failed, crashed or timed out")
@@ -315,7 +355,7 @@ def reason(text: str) -> str:
 def summarize_file(rdir: pathlib.Path) -> dict:
     selected = list(dict.fromkeys((rdir / "selected.txt").read_text().splitlines())) if (rdir / "selected.txt").exists() else []
     selected = [t for t in selected if t]
-    got = {mode: outcomes(rdir / f"{mode}.jsonl") for mode in MODES}
+    got = {mode: mode_outcomes(rdir, mode) for mode in MODES}
     native, capped = got["native"], got["gpumem"]
 
     def named(tests: list[str], mode: str) -> list[dict]:
@@ -395,6 +435,16 @@ def shard_arg(text: str) -> tuple[int, int]:
     return i, n
 
 
+def jobs_arg(text: str) -> int:
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if not 1 <= jobs <= 64:
+        raise argparse.ArgumentTypeError(f"--jobs takes a whole number from 1 to 64, not {text!r}")
+    return jobs
+
+
 def modes_arg(text: str) -> list[str]:
     modes = [m for m in text.split(",") if m]
     if not modes or any(m not in MODES for m in modes):
@@ -415,6 +465,7 @@ def main(argv: list[str]) -> int:
     r.add_argument("--limit", default="120GB", help="GPUMEM_LIMIT for the gpumem runs")
     r.add_argument("--budget", type=float, default=480, help="seconds before it stops (to be run again)")
     r.add_argument("--test-timeout", type=float, default=300, help="seconds without progress before a test is killed")
+    r.add_argument("--jobs", type=jobs_arg, default=1, help="pytest processes at once, the modes side by side")
     c = sub.add_parser("collect")
     c.add_argument("tests")
     c.add_argument("out")

@@ -157,3 +157,36 @@ def test_summary_says_why_a_file_did_not_collect(tmp_path):
     done = runner("summary", str(tmp_path))
     assert "| test_y.py | 0 | 0 | 0 | 0 | 0 / 0 | 0 / 0 |" in done.stdout
     assert "test_y.py: did not collect: E   ModuleNotFoundError: No module named 'expecttest'" in done.stdout
+
+
+def test_run_with_jobs_deals_the_tests_among_workers_and_runs_each_once(tmp_path):
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_six.py").write_text("import os\n\n" + "".join(f"def test_{i}():\n    pass\n\n" for i in range(5))
+                                       + "def test_5():\n    os.abort()\n")
+    out = tmp_path / "out"
+    done = runner("run", str(tests), str(out), "--modes", "native", "--jobs", "2", "--budget", "200")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rdir = out / "test_six.py"
+    started = {}
+    for k in (0, 1):
+        for line in (rdir / f"native-w{k}.jsonl").read_text().splitlines():
+            event = json.loads(line)
+            if event["event"] == "start":
+                started.setdefault(event["id"], []).append(k)
+    assert sorted(started) == [f"test_six.py::test_{i}" for i in range(6)]
+    assert all(len(workers) == 1 for workers in started.values())
+    assert set(started["test_six.py::test_0"] + started["test_six.py::test_1"]) == {0, 1}
+    [row] = json.loads(runner("summary", str(out), "--json").stdout)
+    assert row["passed_native"] == 5
+    assert [x["test"] for x in row["crashes"]["native"]] == ["test_six.py::test_5"]
+    # Run again: nothing is left, so nothing runs (in either the workers' logs or a new one).
+    sizes = {p.name: p.stat().st_size for p in rdir.glob("native*.jsonl")}
+    assert runner("run", str(tests), str(out), "--modes", "native").returncode == 0
+    assert {p.name: p.stat().st_size for p in rdir.glob("native*.jsonl")} == sizes
+
+
+def test_run_refuses_a_bad_jobs_count(tmp_path):
+    done = runner("run", str(tmp_path), str(tmp_path / "out"), "--jobs", "0")
+    assert done.returncode == 2
+    assert "--jobs takes a whole number from 1 to 64, not '0'" in done.stderr
