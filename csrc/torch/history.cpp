@@ -71,8 +71,8 @@ void History::configure(bool enabled, CreateContextFn recorder, std::size_t max_
   } else {
     recorder_ = nullptr;
     when_ = RecordContext::NEVER;
-    // Frees are no longer reported, so the tables could not follow the blocks any more.
-    for (auto& map : contexts_) map.clear();
+    // As native, the stacks of live blocks and segments stay (Note [stacks kept after recording]);
+    // the notes of frees do not, since no free is noted from here on.
     freed_.clear();
   }
   for (Ring& ring : rings_) {
@@ -84,7 +84,11 @@ void History::configure(bool enabled, CreateContextFn recorder, std::size_t max_
       ring.entries.erase(ring.entries.begin(), ring.entries.end() - static_cast<std::ptrdiff_t>(max_entries_));
     }
   }
-  set_active_locked(enabled_ || !trackers_.empty());
+  set_active_locked(listened_locked());
+}
+
+bool History::listened_locked() const {
+  return enabled_ || !trackers_.empty() || !contexts_[kBlocks].empty() || !contexts_[kSegments].empty();
 }
 
 bool History::enabled() const {
@@ -150,6 +154,7 @@ void History::record(Action action, int device, std::uintptr_t addr, std::size_t
                      Context context) {
   const std::int64_t time = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!enabled_ && trackers_.empty()) return;  // active only to follow kept stacks: no entry to make
   TraceEntry entry = torch_compat::make_trace_entry(action, static_cast<c10::DeviceIndex>(device), addr, size,
                                                     reinterpret_cast<cudaStream_t>(stream), pool,
                                                     keeps(RecordContext::ALLOC) ? std::move(context) : nullptr);
@@ -185,6 +190,7 @@ void History::remember(Table table, int device, std::uintptr_t addr, Context con
 History::Context History::forget(Table table, int device, std::uintptr_t addr) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto node = contexts_[table].extract({device, addr});
+  if (node && !enabled_) set_active_locked(listened_locked());  // the last kept stack gone: quiet again
   return node ? std::move(node.mapped()) : nullptr;
 }
 

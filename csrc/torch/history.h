@@ -13,6 +13,15 @@
 // The adapter gathers a stack with gather(level) before it takes any allocator lock (the
 // recorder takes the GIL), and hands it to record() and to the live tables below.
 //
+// Note [stacks kept after recording]
+//   Turning recording off keeps the stacks of the blocks and segments that are live, as native
+//   keeps them on its Blocks: a snapshot taken later still shows where each live block came from
+//   (torch's cudagraph trees turn recording on for a warm-up run only and read the stacks of the
+//   blocks it leaked afterwards, in check_memory_pool). A stack goes when its block is freed or
+//   its segment given back. Until the last kept stack has gone, the history stays active(): the
+//   allocation path reports frees and segment releases (no stack is gathered and no entry made),
+//   so that a stack never outlives its block. Then the path is quiet again.
+//
 // Note [the requested size of a free block]
 //   A native snapshot shows a free block with the size its Block was last asked for: a freed
 //   Block absorbs its free neighbours and keeps its requested_size, so the free block a freed
@@ -56,15 +65,16 @@ class History {
   History(const History&) = delete;
   History& operator=(const History&) = delete;
 
-  // Recording or tracking: the allocation path must report its events.
+  // Recording, tracking, or following kept stacks: the allocation path must report its events.
   bool active() const { return active_.load(std::memory_order_relaxed); }
   // True while some History in the process is active: the DataPtr deleter, a plain function with
   // no adapter at hand, checks this before looking for its adapter.
   static bool any_active() { return active_count_.load(std::memory_order_relaxed) > 0; }
 
-  // recordHistory's arguments. Disabling drops the recorded entries, as native does, and the stacks
-  // of live blocks and segments; `clear` drops the entries while recording goes on. An unknown
-  // name in skip_actions is an error that changes nothing.
+  // recordHistory's arguments. Disabling drops the recorded entries, as native does, and keeps the
+  // stacks of live blocks and segments (Note [stacks kept after recording]); `clear` drops the
+  // entries while recording goes on. An unknown name in skip_actions is an error that changes
+  // nothing.
   void configure(bool enabled, CreateContextFn recorder, std::size_t max_entries, RecordContext when, bool clear,
                  const std::vector<std::string>& skip_actions);
   bool enabled() const;
@@ -115,6 +125,7 @@ class History {
   static constexpr int kActions = static_cast<int>(Action::OOM) + 1;
 
   void set_active_locked(bool active);
+  bool listened_locked() const;  // recording, tracking, or stacks kept: the path must report
   bool keeps(RecordContext level) const { return enabled_ && recorder_ && when_ >= level; }
 
   mutable std::mutex mutex_;

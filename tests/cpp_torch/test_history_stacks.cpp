@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -140,12 +141,46 @@ TEST_CASE("an out-of-memory entry carries the stack of the request", "[torch][hi
   REQUIRE(id_of(entry(sim.adapter, Action::OOM).context_) == 1);
 }
 
-TEST_CASE("turning history off forgets the stacks of live blocks", "[torch][history]") {
+void stop_recording(TorchAllocator& adapter) { adapter.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {}); }
+
+TEST_CASE("turning history off keeps the stacks of live blocks and segments, as native", "[torch][history]") {
+  // torch's cudagraph trees record a warm-up run only, then read the stacks of the blocks it left.
   SimAdapter sim;
   record(sim.adapter, RecordContext::STATE);
-  c10::DataPtr a = sim.adapter.allocate(1000);
-  sim.adapter.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {});
-  REQUIRE(snapshot_stacks(sim.adapter, a.get()) == std::pair{0, 0});
+  c10::DataPtr a = sim.adapter.allocate(12 * MiB);  // stack 1, a segment of its own size
+  c10::DataPtr b = sim.adapter.allocate(1000);      // stack 2
+  stop_recording(sim.adapter);
+  REQUIRE(snapshot_stacks(sim.adapter, a.get()) == std::pair{1, 1});
+  REQUIRE(snapshot_stacks(sim.adapter, b.get()).first == 2);
+  REQUIRE(sim.adapter.snapshot_of({0, 0}, true).device_traces.at(0).empty());  // the entries went
+}
+
+TEST_CASE("a kept stack goes with its block: what is allocated there later shows none", "[torch][history]") {
+  SimAdapter sim;
+  record(sim.adapter, RecordContext::STATE);
+  c10::DataPtr keep = sim.adapter.allocate(1000);
+  void* where = nullptr;
+  {
+    c10::DataPtr a = sim.adapter.allocate(4000);
+    where = a.get();
+    stop_recording(sim.adapter);
+  }
+  c10::DataPtr again = sim.adapter.allocate(4000);
+  REQUIRE(again.get() == where);
+  REQUIRE(snapshot_stacks(sim.adapter, again.get()).first == 0);
+  REQUIRE(snapshot_stacks(sim.adapter, keep.get()).first == 1);
+}
+
+TEST_CASE("once the last kept stack is gone the allocation path stops reporting", "[torch][history]") {
+  SimAdapter sim;
+  record(sim.adapter, RecordContext::STATE);
+  std::optional<c10::DataPtr> a(sim.adapter.allocate(12 * MiB));
+  stop_recording(sim.adapter);
+  REQUIRE(History::any_active());  // following a's stacks
+  a.reset();
+  REQUIRE(History::any_active());  // the segment's stack stays until the segment is given back
+  sim.adapter.emptyCache({0, 0});
+  REQUIRE_FALSE(History::any_active());
 }
 
 TEST_CASE("entries are tagged with the compile region and the user's metadata", "[torch][history]") {
