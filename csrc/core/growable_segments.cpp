@@ -20,8 +20,8 @@
 // block or mapped; a chunk may hold parts of several mapped blocks. Free neighbours merge only when
 // both are mapped or both unmapped.
 //
-// Private pools (CUDA graphs, MemPools) keep plain segments, as PyTorch's expandable segments do:
-// their checkpointing and replay rely on segments that never change. Unmapping needs the device
+// Private pools (CUDA graphs, MemPools) keep plain segments: their checkpointing and replay rely on
+// segments that never change (docs/design.md, "Private pools", says how recent PyTorch differs). Unmapping needs the device
 // synchronized, so nothing is unmapped while a pool target is active (a graph may be capturing).
 #include "core/growable_segments.h"
 
