@@ -207,8 +207,9 @@ def run_mode(tests, rel, selected, mode, out, args, deadline, worker: str = "") 
                            args.test_timeout, deadline)
         events = read_events(log)[before:]
         under_way = last_started(events)
-        if why == "budget":
-            return False
+        if why == "budget":  # killed at the deadline: done if its last test had finished by then
+            done = mode_outcomes(out, mode)
+            return all(t in done for t in selected)
         if under_way:
             outcome = "timeout" if why == "timeout" else "crash"
             record(log, under_way, outcome, f"the process {'was killed' if why else f'ended with status {rc}'}"

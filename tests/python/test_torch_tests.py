@@ -190,3 +190,17 @@ def test_run_refuses_a_bad_jobs_count(tmp_path):
     done = runner("run", str(tmp_path), str(tmp_path / "out"), "--jobs", "0")
     assert done.returncode == 2
     assert "--jobs takes a whole number from 1 to 64, not '0'" in done.stderr
+
+
+def test_a_process_killed_at_the_budget_after_its_last_test_leaves_the_run_complete(tmp_path):
+    """Every test finished; the process lingering at exit is killed at the deadline: nothing is
+    left to run, so the run is complete (exit 0), not to be run again."""
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_linger.py").write_text(  # lingers when run, not when collected
+        "import atexit\nimport os\nimport time\n\nif 'TORCH_TESTS_COLLECT' not in os.environ:\n"
+        "    atexit.register(time.sleep, 120)\n\n\ndef test_quick():\n    pass\n")
+    out = tmp_path / "out"
+    done = runner("run", str(tests), str(out), "--modes", "native", "--budget", "25")
+    assert "test_linger.py native: 1/1 run, 1 passed" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
