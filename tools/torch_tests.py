@@ -18,8 +18,9 @@ After --budget seconds it stops, killing the test under way (to run again); the 
 again goes on where it stopped. --jobs N runs N pytest processes at once, the modes side by side
 and each mode's tests dealt round-robin among N / (number of modes) of them (each writes
 OUT/<file>/<mode>-w<k>.jsonl; every log of a mode counts): for slow files whose tests do not
-depend on the device's free memory, since the processes share one GPU. Exit status: 0 every selected test has an outcome in every mode;
-3 some are still to run (run the command again); 2 bad arguments, or gpumem did not install.
+depend on the device's free memory, since the processes share one GPU. Exit status: 0 every
+selected test has an outcome in every mode; 3 some are still to run (run the command again); 2 bad
+arguments, or gpumem did not install.
 
 collect: collects each file natively and prints how many tests it has, or the end of its import
 error (exit status 1 if a file collected none).

@@ -21,8 +21,9 @@
 // both are mapped or both unmapped.
 //
 // Private pools (CUDA graphs, MemPools) keep plain segments: their checkpointing and replay rely on
-// segments that never change (docs/design.md, "Private pools", says how recent PyTorch differs). Unmapping needs the device
-// synchronized, so nothing is unmapped while a pool target is active (a graph may be capturing).
+// segments that never change (docs/design.md, "Private pools", says how recent PyTorch differs).
+// Unmapping needs the device synchronized, so nothing is unmapped while a pool target is active (a
+// graph may be capturing).
 #include "core/growable_segments.h"
 
 #include <algorithm>

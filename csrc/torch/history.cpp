@@ -152,9 +152,9 @@ std::string History::user_metadata() const {
 
 void History::record(Action action, int device, std::uintptr_t addr, std::size_t size, StreamId stream, PoolId pool,
                      Context context) {
-  const std::int64_t time = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
   if (!enabled_ && trackers_.empty()) return;  // active only to follow kept stacks: no entry to make
+  const std::int64_t time = now_us();
   TraceEntry entry = torch_compat::make_trace_entry(action, static_cast<c10::DeviceIndex>(device), addr, size,
                                                     reinterpret_cast<cudaStream_t>(stream), pool,
                                                     keeps(RecordContext::ALLOC) ? std::move(context) : nullptr);
