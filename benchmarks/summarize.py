@@ -50,6 +50,14 @@ def spread(values: list[float], unit: str = "", digits: int = 0) -> str:
     return f"{len(values)} processes: min {shown(low)}, median {shown(mid)}, max {shown(high)}"
 
 
+# The goals the project holds gpumem to (docs/benchmarks.md's table of measurements): part 1's pair
+# and part 2's torch.empty at most these fractions of native's time, part 3's throughput at least
+# native's.
+PAIR_TARGET = 0.33
+EMPTY_TARGET = 0.6
+STEP_TARGET = 1.0
+
+
 def at_most(value: float, bound: float) -> str:
     return f"met ({value:.3f} <= {bound})" if value <= bound else f"missed by {value - bound:.3f} ({value:.3f} > {bound})"
 
@@ -78,7 +86,8 @@ def allocator_cost(out: pathlib.Path) -> None:
             continue
         ns = statistics.median(by[key])
         ratio = ns / native
-        target, verdict = ("<= 0.5 x native", at_most(ratio, 0.5)) if key == "gpumem" else ("-", "-")
+        target, verdict = ((f"<= {PAIR_TARGET} x native", at_most(ratio, PAIR_TARGET)) if key == "gpumem"
+                           else ("-", "-"))
         row("1", f"malloc+free pair, {name}", f"{ns:.0f} ns ({ratio:.3f} x native; {spread(by[key], ' ns')})",
             target, verdict)
 
@@ -154,22 +163,23 @@ def torch_empty(out: pathlib.Path) -> None:
         verdict="baseline")
     row("2", "torch.empty + release, gpumem",
         f"{gpumem:.0f} ns/pair ({gpumem / native:.3f} x native; {spread(by['gpumem'], ' ns')})",
-        "none stated (< 1: gpumem faster)")
+        f"<= {EMPTY_TARGET} x native", at_most(gpumem / native, EMPTY_TARGET))
 
 
 def training_step(out: pathlib.Path) -> None:
     runs = {a: rounds(out, f"training-step-{a}") for a in ("gpumem", "gpumem-plain", "native", "native-expandable")}
     if not (runs["gpumem"] and runs["native"]):
         return missing("3", "training step", "training-step-*.log")
-    per_step = {a: statistics.median(p / len(r["lengths"]) * 1e3 for r in rs for p in r["pass_s"])
-                for a, rs in runs.items() if rs}
+    # Each process's figure is the median of its passes; the row is the median over the processes, as
+    # in the other parts (a median over every pass of every process could lie outside their spread).
+    per_step = {a: statistics.median(r["step_ms"] for r in rs) for a, rs in runs.items() if rs}
     first = runs["gpumem"][0]
     shape = f"batch {first['batch']}, lengths {min(first['lengths'])}-{max(first['lengths'])}"
-    for a, ms in per_step.items():  # the median over every pass; the spread is of the processes' medians
+    for a, ms in per_step.items():
         row("3", f"step time, {a} ({shape})", f"{ms:.2f} ms ({spread([r['step_ms'] for r in runs[a]], ' ms', 2)})")
     throughput = per_step["native"] / per_step["gpumem"]
-    row("3", "throughput, gpumem / native (native step time / gpumem's)", f"{throughput:.4f}", ">= 0.99",
-        at_least(throughput, 0.99))
+    row("3", "throughput, gpumem / native (native step time / gpumem's)", f"{throughput:.4f}",
+        f">= {STEP_TARGET:.2f}", at_least(throughput, STEP_TARGET))
     ratios = {a: statistics.median(r["reserved_over_allocated"] for r in rs) for a, rs in runs.items() if rs}
     for a, ratio in ratios.items():
         peak = statistics.median(r["peak_allocated"] for r in runs[a]) / GiB

@@ -45,8 +45,11 @@ def plant(out: pathlib.Path) -> None:
         for r in range(1, count + 1):
             ms = STEP_MS[allocator] + (r - 2) * 0.1 * (count > 1)  # the processes differ; the median is STEP_MS
             ratio = RATIO[allocator] + (r - 2) * 0.01 * (count > 1)
+            # Two passes, as run_all.sh runs them, the first process's apart (their median is still
+            # ms): the median over every pass of every process would be 0.05 ms above STEP_MS.
+            passes = [ms - 0.3 * (r == 1), ms + 0.3 * (r == 1)]
             write(out, f"training-step-{allocator}-{r}.json", {
-                "batch": 16, "lengths": LENGTHS, "step_ms": ms, "pass_s": [ms * len(LENGTHS) / 1e3] * 2,
+                "batch": 16, "lengths": LENGTHS, "step_ms": ms, "pass_s": [p * len(LENGTHS) / 1e3 for p in passes],
                 "peak_allocated": 16 * GiB, "reserved_over_allocated": ratio,
             })
     for r in (1, 2, 3):
@@ -111,7 +114,8 @@ def test_part_three_shows_the_spread_of_the_processes(table):
 
 
 def test_the_targets_compare_gpumem_with_native_and_native_expandable_only(table):
-    assert table["throughput, gpumem / native (native step time / gpumem's)"][0] == f"{30.0 / 28.0:.4f}"
+    value, target, verdict = table["throughput, gpumem / native (native step time / gpumem's)"]
+    assert value == f"{30.0 / 28.0:.4f}" and target == ">= 1.00" and verdict == "met (1.071 >= 1.0)"
     _, target, verdict = table["peak reserved / peak allocated, gpumem"]
     assert target == "< native-expandable (1.0050)" and verdict == "missed by 0.0950"
 
@@ -121,6 +125,8 @@ def test_torch_empty_shows_the_median_and_spread_of_its_processes(table):
     gpumem = table["torch.empty + release, gpumem"][0]
     assert native == "2300 ns/pair (3 processes: min 2200 ns, median 2300 ns, max 2500 ns)"
     assert gpumem == "1800 ns/pair (0.783 x native; 3 processes: min 1700 ns, median 1800 ns, max 1900 ns)"
+    _, target, verdict = table["torch.empty + release, gpumem"]
+    assert target == "<= 0.6 x native" and verdict == "missed by 0.183 (0.783 > 0.6)"
 
 
 def test_allocator_cost_is_the_median_over_processes_with_their_spread(table):
@@ -128,7 +134,7 @@ def test_allocator_cost_is_the_median_over_processes_with_their_spread(table):
         "750 ns (3 processes: min 700 ns, median 750 ns, max 900 ns)"
     value, target, verdict = table["malloc+free pair, gpumem (CUDAAllocator)"]
     assert value == "330 ns (0.440 x native; 3 processes: min 300 ns, median 330 ns, max 420 ns)"
-    assert target == "<= 0.5 x native" and verdict.startswith("met")
+    assert target == "<= 0.33 x native" and verdict == "missed by 0.110 (0.440 > 0.33)"
 
 
 @pytest.mark.parametrize("allocator, batch", [("gpumem", 2), ("gpumem-plain", 3), ("native", 1),
