@@ -275,9 +275,16 @@ void* TorchAllocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) 
 void* TorchAllocator::raw_alloc_on(int device, size_t nbytes, StreamId stream) {
   if (nbytes == 0) return nullptr;
   if (C10_UNLIKELY(!enabled_.load(std::memory_order_relaxed))) return malloc_uncached(device, nbytes);
-  if (C10_UNLIKELY(history_.active())) return malloc_recorded(device, nbytes, stream, true)->ptr();
+  if (C10_UNLIKELY(history_.active())) {
+    const Block* block = malloc_recorded(device, nbytes, stream, true);
+    if (C10_UNLIKELY(c10::memoryProfilingEnabled())) report_to_profiler(device, block->ptr(), block->size);
+    return block->ptr();
+  }
   const std::size_t rounded = torch_compat::power2_division_size(nbytes);
-  return call_core(stream, nullptr, [&] { return core_.raw_alloc(device, nbytes, stream, rounded); });
+  void* ptr = call_core(stream, nullptr, [&] { return core_.raw_alloc(device, nbytes, stream, rounded); });
+  // As for a tensor: the profiler hears of the block (raw_delete tells it of the free).
+  if (C10_UNLIKELY(c10::memoryProfilingEnabled())) report_to_profiler(device, ptr, core_.find_raw(ptr)->size);
+  return ptr;
 }
 
 void TorchAllocator::raw_delete(void* ptr) {

@@ -54,6 +54,25 @@ TEST_CASE("the memory profiler hears of each block handed out and freed with the
   REQUIRE(profiler->reports[1].allocated == 0);
 }
 
+TEST_CASE("the memory profiler hears of raw allocations as of tensors, recording or not", "[torch][profiler]") {
+  SimAdapter sim;
+  const bool recording = GENERATE(false, true);
+  if (recording) {
+    sim.adapter.recordHistory(true, nullptr, 100, c10::cuda::CUDACachingAllocator::RecordContext::STATE, false, {});
+  }
+  auto profiler = std::make_shared<FakeProfiler>();
+  c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, profiler);
+  void* raw = sim.adapter.raw_alloc(3000);
+  sim.adapter.raw_delete(raw);
+  REQUIRE(profiler->reports.size() == 2);
+  REQUIRE(profiler->reports[0].ptr == raw);
+  REQUIRE(profiler->reports[0].size == 3072);
+  REQUIRE(profiler->reports[0].allocated == 3072);
+  REQUIRE(profiler->reports[1].ptr == raw);
+  REQUIRE(profiler->reports[1].size == -3072);
+  REQUIRE(profiler->reports[1].allocated == 0);
+}
+
 TEST_CASE("the memory profiler hears of private-pool frees by address too", "[torch][profiler]") {
   SimAdapter sim;
   sim.adapter.beginAllocateToPool(0, {3, 0}, [](cudaStream_t) { return true; });
