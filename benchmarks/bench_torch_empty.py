@@ -7,7 +7,11 @@ oldest and making the next. The figure includes Python and torch's dispatcher, w
 allocators pay alike. One warm-up pass fills the cache; the result is the median of the timed
 passes. benchmarks/run_all.sh alternates processes of the two allocators and takes medians.
 
-    python3 benchmarks/bench_torch_empty.py --allocator gpumem [--pairs N] [--runs R] [--out FILE]
+--zero makes every tensor 0 bytes: torch creates and releases each tensor as before, but no
+allocator hands out or takes back memory (both return at once for 0 bytes), so the figure is the
+part of a pair that no allocator can save, the floor under part 2's ratio.
+
+    python3 benchmarks/bench_torch_empty.py --allocator gpumem [--zero] [--pairs N] [--runs R] [--out FILE]
 """
 from __future__ import annotations
 
@@ -48,13 +52,14 @@ def main() -> None:
     parser.add_argument("--allocator", choices=("gpumem", "native"), required=True)
     parser.add_argument("--pairs", type=int, default=100_000, help="pairs per pass (default 100000)")
     parser.add_argument("--runs", type=int, default=5, help="timed passes (default 5)")
+    parser.add_argument("--zero", action="store_true", help="0-byte tensors: the pair without the allocator's work")
     parser.add_argument("--out", default="", help="write the JSON result here too")
     args = parser.parse_args()
     select_allocator(args.allocator)
     check_allocator(args.allocator)
     import torch
 
-    sizes = log_uniform_sizes(args.pairs)
+    sizes = [0] * args.pairs if args.zero else log_uniform_sizes(args.pairs)
     live: list = [None] * RING
     one_pass(sizes, live)  # warm-up: the cache grows to what the workload needs
     allocs_before = torch.cuda.memory_stats().get("num_device_alloc", -1)
@@ -62,7 +67,7 @@ def main() -> None:
     runs = [one_pass(sizes, live) for _ in range(args.runs)]
     gc.enable()
     write_json(args.out, {
-        "allocator": args.allocator, "pairs": args.pairs, "ring": RING,
+        "allocator": args.allocator, "pairs": args.pairs, "ring": RING, "zero": args.zero,
         "ns_per_pair": median(runs), "ns_per_pair_runs": runs,
         "device_allocs_while_timed": torch.cuda.memory_stats().get("num_device_alloc", -1) - allocs_before,
     })

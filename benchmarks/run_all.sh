@@ -85,9 +85,11 @@ if ((BUILT == 0)); then
   done
 fi
 
+# native-zero: 0-byte tensors, torch's share of a pair with no allocator work (the floor under part 2).
 for ((r = 1; r <= EMPTY_ROUNDS; r++)); do
-  for a in gpumem native; do
-    run "torch_empty-$a-$r" 60 "$PYTHON" benchmarks/bench_torch_empty.py --allocator "$a" --out "$OUT/torch_empty-$a-$r.json"
+  for a in gpumem native native-zero; do
+    run "torch_empty-$a-$r" 60 "$PYTHON" benchmarks/bench_torch_empty.py --allocator "${a%-zero}" \
+      $([[ $a == *-zero ]] && echo --zero) --out "$OUT/torch_empty-$a-$r.json"
   done
 done
 

@@ -165,6 +165,12 @@ def torch_empty(out: pathlib.Path) -> None:
     row("2", "torch.empty + release, gpumem",
         f"{gpumem:.0f} ns/pair ({gpumem / native:.3f} x native; {spread(by['gpumem'], ' ns')})",
         f"<= {EMPTY_TARGET} x native", at_most(gpumem / native, EMPTY_TARGET))
+    zero = [r["ns_per_pair"] for r in rounds(out, "torch_empty-native-zero")]
+    if zero:
+        floor = statistics.median(zero)
+        row("2", "torch.empty + release of 0-byte tensors, native: torch's share, no allocator work",
+            f"{floor:.0f} ns/pair ({floor / native:.3f} x native; {spread(zero, ' ns')})", "-",
+            f"the floor: an allocator that cost nothing would give {floor / native:.3f} x native")
 
 
 def training_step(out: pathlib.Path) -> None:

@@ -41,6 +41,8 @@ def plant(out: pathlib.Path) -> None:
     for r, (gpumem, native) in enumerate([(1700, 2200), (1900, 2500), (1800, 2300)], start=1):
         write(out, f"torch_empty-gpumem-{r}.json", {"ns_per_pair": gpumem})
         write(out, f"torch_empty-native-{r}.json", {"ns_per_pair": native})
+    for r, zero in enumerate([1600, 1650], start=1):  # two processes, apart from native's three
+        write(out, f"torch_empty-native-zero-{r}.json", {"ns_per_pair": zero, "zero": True})
     for allocator, count in STEP_ROUNDS.items():
         for r in range(1, count + 1):
             ms = STEP_MS[allocator] + (r - 2) * 0.1 * (count > 1)  # the processes differ; the median is STEP_MS
@@ -127,6 +129,12 @@ def test_torch_empty_shows_the_median_and_spread_of_its_processes(table):
     assert gpumem == "1800 ns/pair (0.783 x native; 3 processes: min 1700 ns, median 1800 ns, max 1900 ns)"
     _, target, verdict = table["torch.empty + release, gpumem"]
     assert target == "<= 0.6 x native" and verdict == "missed by 0.183 (0.783 > 0.6)"
+
+
+def test_torch_empty_of_0_bytes_gives_the_floor_from_its_own_processes(table):
+    value, target, verdict = row_for(table, "torch.empty + release of 0-byte tensors, native")
+    assert value == "1625 ns/pair (0.707 x native; 2 processes: min 1600 ns, median 1625 ns, max 1650 ns)"
+    assert target == "-" and verdict == "the floor: an allocator that cost nothing would give 0.707 x native"
 
 
 def test_allocator_cost_is_the_median_over_processes_with_their_spread(table):
