@@ -18,7 +18,11 @@ gpumem with gpumem.set_limit, native with torch.cuda.set_per_process_memory_frac
 windows, gpumem's peak reserved bytes must be within its limit: if they passed it, the JSON is
 written and the process exits 1. Native's peak is reported.
 
-    python3 benchmarks/bench_threads.py --allocator gpumem|native [--threads 8] [--out FILE]
+    python3 benchmarks/bench_threads.py --allocator gpumem|native [--threads 8] [--no-alloc] [--out FILE]
+
+--no-alloc gives each thread one 64 MiB buffer, made before the windows, and takes each operation's
+tensor as a view of its first bytes instead of from torch.empty: the same operations with no
+allocator work (nothing is handed out or freed), the ceiling over any allocator's figure.
 
 A failing thread (an out-of-memory error, a wrong byte read back) stops the process with its
 error; a thread that does not finish within a minute of its deadline is taken as a hang (exit 2).
@@ -49,6 +53,7 @@ class Worker:
         self.live_most = live_most
         self.rng = random.Random(42 + index)
         self.live: list = []
+        self.buffer = None  # --no-alloc: the tensor every operation's tensor is a view of
         self.ops = 0
         self.end = 0.0
         self.error: BaseException | None = None
@@ -57,6 +62,11 @@ class Worker:
         import torch
 
         empty, uint8, device = torch.empty, torch.uint8, torch.device("cuda", 0)
+        if self.buffer is not None:
+            buffer = self.buffer
+
+            def empty(size, dtype, device):  # the view has the buffer's dtype and device
+                return buffer[:size]
         rng, live, low, high = self.rng, self.live, math.log(512), math.log(64 * MiB)
         self.ops = 0
         try:
@@ -115,6 +125,8 @@ def main() -> None:
     parser.add_argument("--warm-up", type=float, default=1.0, help="seconds of warm-up (default 1)")
     parser.add_argument("--duration", type=float, default=1.0, help="seconds per timed window (default 1)")
     parser.add_argument("--runs", type=int, default=3, help="timed windows (default 3)")
+    parser.add_argument("--no-alloc", action="store_true",
+                        help="views of one buffer per thread instead of torch.empty: no allocator work")
     parser.add_argument("--out", default="", help="write the JSON result here too")
     args = parser.parse_args()
     if not (1 <= args.threads <= 256 and 1 <= args.live <= 1024 and 1 <= args.runs <= 100):
@@ -132,6 +144,10 @@ def main() -> None:
     cap = _C.parse_limit(args.cap, 1 << 62)
     limit = apply_cap(args.allocator, cap)
     workers = [Worker(i, torch.cuda.Stream(), args.live) for i in range(args.threads)]
+    if args.no_alloc:
+        for w in workers:
+            with torch.cuda.stream(w.stream):
+                w.buffer = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
     log(f"{args.allocator}: {args.threads} threads, warm-up {args.warm_up} s, {args.runs} x {args.duration} s")
     gc.disable()  # a collection in a window would be noise, not allocator cost
     if args.warm_up:
@@ -140,10 +156,11 @@ def main() -> None:
     gc.enable()
     for w in workers:
         w.live.clear()
+        w.buffer = None
     torch.cuda.synchronize()
     stats = torch.cuda.memory_stats()
     record = {
-        "allocator": args.allocator, "threads": args.threads, "live_per_thread": args.live,
+        "allocator": args.allocator, "no_alloc": args.no_alloc, "threads": args.threads, "live_per_thread": args.live,
         "sizes": "log-uniform 512 B to 64 MiB, thread i's from seed 42 + i",
         "warm_up_s": args.warm_up, "duration_s": args.duration, "runs": args.runs,
         "ops_per_s": median(runs), "ops_per_s_runs": runs,

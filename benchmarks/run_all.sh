@@ -93,10 +93,12 @@ for ((r = 1; r <= EMPTY_ROUNDS; r++)); do
   done
 done
 
-# Part 9: 8 Python threads on their own streams under a 6 GiB cap.
+# Part 9: 8 Python threads on their own streams under a 6 GiB cap; native-noalloc: the same operations
+# on views of one buffer per thread, no allocator work (the ceiling over part 9's ratio).
 for ((r = 1; r <= THREADS_ROUNDS; r++)); do
-  for a in gpumem native; do
-    run "threads-$a-$r" 45 "$PYTHON" benchmarks/bench_threads.py --allocator "$a" --threads 8 --cap 6GiB \
+  for a in gpumem native native-noalloc; do
+    run "threads-$a-$r" 45 "$PYTHON" benchmarks/bench_threads.py --allocator "${a%-noalloc}" \
+      $([[ $a == *-noalloc ]] && echo --no-alloc) --threads 8 --cap 6GiB \
       --warm-up 1 --duration 1 --runs 3 --out "$OUT/threads-$a-$r.json"
   done
 done

@@ -146,6 +146,12 @@ def threaded_workload(out: pathlib.Path) -> None:
     row("9", f"multithreaded workload, gpumem ({shape('gpumem')})",
         f"{gpumem:.0f} ops/s ({gpumem / native:.3f} x native; {spread(ops['gpumem'], ' ops/s')})",
         f">= {WORKLOAD_TARGET:g} x native", at_least(gpumem / native, WORKLOAD_TARGET))
+    ceiling_runs = [r["ops_per_s"] for r in rounds(out, "threads-native-noalloc")]
+    if ceiling_runs:
+        ceiling = statistics.median(ceiling_runs)
+        row("9", "multithreaded workload with no allocator work (views of one buffer a thread), native",
+            f"{ceiling:.0f} ops/s ({ceiling / native:.3f} x native; {spread(ceiling_runs, ' ops/s')})", "-",
+            f"the ceiling: an allocator that cost nothing would give {ceiling / native:.3f} x native")
     peaks = {a: max(r["peak_reserved"] for r in rs) for a, rs in by.items()}
     limit = max(r["limit"] for r in by["gpumem"])
     passed = sum(not r["cap_held"] for r in by["gpumem"])

@@ -67,6 +67,10 @@ def plant(out: pathlib.Path) -> None:
             write(out, f"threads-{allocator}-{r}.json", {
                 "allocator": allocator, "threads": 8, "ops_per_s": ops, "cap": 6 * GiB, "limit": 6 * GiB,
                 "peak_reserved": (5 + r / 4 + (allocator == "native")) * GiB, "cap_held": True})
+    for r, ops in enumerate([111e3, 113e3], start=1):  # two processes, apart from native's four
+        write(out, f"threads-native-noalloc-{r}.json", {
+            "allocator": "native", "no_alloc": True, "threads": 8, "ops_per_s": ops, "cap": 6 * GiB,
+            "limit": 6 * GiB, "peak_reserved": GiB, "cap_held": True})
     write(out, "training-reference.json", {"cap": 4 * GiB, "largest_batch": 2})
     for allocator, batch in {"gpumem": 2, "gpumem-plain": 3, "native": 1, "native-expandable": 4}.items():
         write(out, f"training-cap-{allocator}.json", {
@@ -135,6 +139,12 @@ def test_torch_empty_of_0_bytes_gives_the_floor_from_its_own_processes(table):
     value, target, verdict = row_for(table, "torch.empty + release of 0-byte tensors, native")
     assert value == "1625 ns/pair (0.707 x native; 2 processes: min 1600 ns, median 1625 ns, max 1650 ns)"
     assert target == "-" and verdict == "the floor: an allocator that cost nothing would give 0.707 x native"
+
+
+def test_the_workload_with_no_allocator_work_gives_the_ceiling_from_its_own_processes(table):
+    value, target, verdict = row_for(table, "multithreaded workload with no allocator work")
+    assert value == "112000 ops/s (1.052 x native; 2 processes: min 111000 ops/s, median 112000 ops/s, max 113000 ops/s)"
+    assert target == "-" and verdict == "the ceiling: an allocator that cost nothing would give 1.052 x native"
 
 
 def test_allocator_cost_is_the_median_over_processes_with_their_spread(table):
