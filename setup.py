@@ -46,6 +46,8 @@ TORCH_FEATURES = [
     ("TRACE_ENTRY_COMPILE_CONTEXT", "*", r"std::stringcompile_context_;"),
     ("TRACE_ENTRY_USER_METADATA", "*", r"std::stringuser_metadata_;"),
     ("ROUNDUP_DIVISIONS", "c10/core/AllocatorConfig.h", r"staticsize_troundup_power2_divisions\(size_tsize\)"),
+    ("ROUNDUP_DIVISIONS_TABLE", "c10/core/AllocatorConfig.h",
+     r"staticconststd::vector<size_t>&roundup_power2_divisions\(\)"),
     ("CAPTURE_RECORD_STREAM_REUSE", "c10/cuda/CUDAAllocatorConfig.h", r"staticboolgraph_capture_record_stream_reuse\(\)"),
     ("FRACTION_SETTING", "c10/cuda/CUDAAllocatorConfig.h", r"staticdoubleper_process_memory_fraction\(\)"),
 ]

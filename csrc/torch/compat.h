@@ -17,6 +17,7 @@
 #endif
 
 #include <string>
+#include <vector>
 
 #include "core/block.h"
 #include "core/pool.h"
@@ -62,12 +63,40 @@ inline bool capture_record_stream_reuse() {
 #endif
 }
 
-// What torch's roundup_power2_divisions setting rounds a request of `size` bytes up to, as native
-// rounds it; 0 where the setting does not apply (no divisions for the size's band, a small size,
-// or a torch without the setting).
+// The divisions torch's roundup_power2_divisions setting gives a request of `size` bytes, as
+// native reads them. torch's own lookup (roundup_power2_divisions(size)) is a call into libc10
+// that also passes instance()'s guard of the lazy environment parse each time, about 40
+// instructions on every allocation. Where torch exposes the table itself, its address is taken
+// once (the config is a process-wide singleton, so the table never moves; a setting parsed later
+// rewrites its entries, which every read sees, as native's reads do) and the band is found
+// inline: a size's power of two less 20 (1 MiB), kept within the table, so sizes below 2 MiB are
+// in band 0, [2^(20+k), 2^(21+k)) in band k, and sizes from 32 GiB on in band 15.
+// tests/cpp_torch/test_allocate.cpp checks it against torch's lookup for every band under
+// several settings.
+inline std::size_t divisions_of(std::size_t size) {
+#if GPUMEM_TORCH_HAS_ROUNDUP_DIVISIONS && GPUMEM_TORCH_HAS_ROUNDUP_DIVISIONS_TABLE
+  static const std::vector<size_t>& table = c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions();
+  constexpr int kFirstBandLog2 = 20;
+  const int log2 = 63 - __builtin_clzll(static_cast<unsigned long long>(size) | 1);  // size 0 in band 0
+  std::size_t band = log2 > kFirstBandLog2 ? static_cast<std::size_t>(log2 - kFirstBandLog2) : 0;
+  if (band >= table.size()) {
+    if (table.empty()) return 0;
+    band = table.size() - 1;
+  }
+  return table[band];
+#elif GPUMEM_TORCH_HAS_ROUNDUP_DIVISIONS
+  return c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions(size);
+#else
+  (void)size;
+  return 0;
+#endif
+}
+
+// What that setting rounds a request of `size` bytes up to, as native rounds it; 0 where it does
+// not apply (no divisions for the size's band, a small size, or a torch without the setting).
 inline std::size_t power2_division_size(std::size_t size) {
 #if GPUMEM_TORCH_HAS_ROUNDUP_DIVISIONS
-  const std::size_t divisions = c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions(size);
+  const std::size_t divisions = divisions_of(size);
   if (divisions <= 1 || size <= kMinBlockSize * divisions) return 0;
   return round_to_division(size, divisions);
 #else

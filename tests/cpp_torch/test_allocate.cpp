@@ -242,3 +242,26 @@ TEST_CASE("torch's roundup_power2_divisions setting rounds blocks as native does
   c10::DataPtr plain = sim.adapter.allocate(84 * MiB);
   REQUIRE(sim.core_device().stats().allocated_bytes[kAll].current == (96 + 84) * MiB);
 }
+
+TEST_CASE("the divisions gpumem reads for a size are torch's own, in every band, under every setting", "[torch][allocate]") {
+  const std::string setting = GENERATE(as<std::string>{}, "", "roundup_power2_divisions:4",
+                                       "roundup_power2_divisions:[64:8,128:2,256:4,512:2,1024:4,>:1]",
+                                       "roundup_power2_divisions:[1:2,2:4,4:8,8:16,16:32,32:2,>:64]");
+  INFO("setting '" << setting << "'");
+  c10::CachingAllocator::setAllocatorSettings(setting);
+  std::vector<std::size_t> sizes;
+  for (int k = 0; k < 64; ++k) {
+    const std::size_t p = std::size_t{1} << k;
+    sizes.insert(sizes.end(), {p, p - 1, p + 1, p + p / 2});
+  }
+  std::size_t differing_bands = 0;  // the settings must not all read alike, or the test shows nothing
+  for (const std::size_t size : sizes) {
+    if (size == 0) continue;
+    INFO("size " << size);
+    const std::size_t torch = c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions(size);
+    REQUIRE(torch_compat::divisions_of(size) == torch);
+    differing_bands += torch > 1 ? 1 : 0;
+  }
+  REQUIRE((setting.empty() ? differing_bands == 0 : differing_bands > 0));
+  c10::CachingAllocator::setAllocatorSettings("");
+}
