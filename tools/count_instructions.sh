@@ -3,7 +3,11 @@
 # callgrind: deterministic, so it serves where the machines are too noisy for nanoseconds. The
 # count is of Ring::run, inclusive: the allocator's malloc and free plus the ring's few
 # instructions of bookkeeping per pair; then the same for the ring by address (raw_alloc,
-# raw_free). Builds a Release bench_core without the invariant checker in build/bench. Usage: tools/count_instructions.sh [pairs per run, default 20000]
+# raw_free). Builds a Release bench_core without the invariant checker in build/bench. Where
+# python3 imports torch, it also counts the torch adapter's two rings (bench_adapter: raw_alloc_with_stream
+# and raw_delete, what part 1 of docs/benchmarks.md calls; allocate() and the DataPtr's deleter, what
+# a tensor calls), built the same way in build/bench-adapter, against the installed torch.
+# Usage: tools/count_instructions.sh [pairs per run, default 20000]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pairs=${1:-20000}
@@ -26,3 +30,23 @@ count() {
 }
 count ByBlock "one-thread ring"
 count ByAddress "one-thread ring by address (raw_alloc, raw_free)"
+
+python3 -c "import torch" 2>/dev/null || { echo "count_instructions.sh: python3 has no torch: the adapter's rings not counted"; exit 0; }
+# The adapter library is defined with the torch tests; only bench_adapter and what it links are built.
+cmake -S . -B build/bench-adapter -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUMEM_TESTS=ON -DGPUMEM_TORCH_TESTS=ON \
+  -DGPUMEM_CHECK_INVARIANTS=OFF >/dev/null
+ninja -C build/bench-adapter bench_adapter >/dev/null
+# `count_adapter RING ARG LABEL`: bench_adapter runs that ring alone, a warm-up and its measured runs.
+count_adapter() {
+  valgrind --tool=callgrind --collect-atstart=no "--toggle-collect=*Ring<*$1>::run*" \
+    --callgrind-out-file="$out/cg" build/bench-adapter/bench_adapter "$pairs" "$2" >"$out/log" 2>&1
+  local total runs calls
+  total=$(callgrind_annotate "$out/cg" | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+  runs=$(sed -n 's/.*median of \([0-9][0-9]*\) runs.*/\1/p' "$out/log")
+  [ -n "$runs" ] || { echo "count_instructions.sh: bench_adapter did not say how many runs it made" >&2; exit 1; }
+  calls=$((runs + 1))
+  echo "bench_adapter $3: $total instructions in $((calls * pairs)) malloc+free pairs:" \
+    "$(awk -v t="$total" -v n="$((calls * pairs))" 'BEGIN { printf "%.0f", t / n }') per pair"
+}
+count_adapter Raw raw "raw ring (raw_alloc_with_stream, raw_delete)"
+count_adapter ByDataPtr data_ptr "DataPtr ring (allocate, the DataPtr's deleter)"
