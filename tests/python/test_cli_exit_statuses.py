@@ -62,9 +62,11 @@ def test_a_plot_that_cannot_be_written_exits_2(tmp_path):
 
 
 def test_output_to_a_pipe_whose_reader_has_gone_exits_141_quietly():
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before gpumem starts, whenever it gets to write
     child = subprocess.Popen([sys.executable, "-m", "gpumem", "replay", data("train_like")],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    child.stdout.close()  # before gpumem writes a line: it takes a second to start
+                             stdout=write_end, stderr=subprocess.PIPE)
+    os.close(write_end)
     assert child.wait(timeout=300) == 141
     assert child.stderr.read() == b""
 

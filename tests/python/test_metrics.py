@@ -7,7 +7,6 @@ import os
 import socket
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -364,14 +363,15 @@ def raw_request(port: int, request: bytes) -> bytes:
     return b"".join(chunks)
 
 
-def test_a_scrape_is_answered_within_a_second_while_200_clients_stall_and_no_thread_is_added(served):
+def test_a_scrape_is_answered_while_200_clients_stall_and_no_thread_is_added(served, monkeypatch):
+    # The stalled clients keep their connections for the whole test, however slowly a loaded
+    # machine runs it; a server that waited for them would not answer the scrape within its 30 s.
+    monkeypatch.setattr(_http, "CONNECTION_SECONDS", 600.0)
     threads = threading.active_count()
     stalled = []
     try:
         stalled = [stalled_client(served.port) for _ in range(200)]
-        started = time.monotonic()
         families = scrape(served.port)
-        assert time.monotonic() - started < 1.0  # generous: a scrape takes milliseconds
         assert "gpumem_limit_bytes" in families
         assert threading.active_count() == threads  # one thread serves them all
         assert not any(answered(client) for client in stalled)  # held, their requests unfinished

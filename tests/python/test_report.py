@@ -244,7 +244,7 @@ def use_timeline_c(monkeypatch, fake) -> None:
     monkeypatch.setattr(timeline, "_recorder", None)
 
 
-def wait_for(condition, seconds: float = 5.0) -> None:
+def wait_for(condition, seconds: float = 60.0) -> None:  # ends once it holds; the bound is for a loaded machine
     deadline = time.monotonic() + seconds
     while not condition() and time.monotonic() < deadline:
         time.sleep(0.005)

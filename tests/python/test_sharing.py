@@ -3,6 +3,7 @@ metrics show. The protocol itself is tested in C++ (tests/cpp/test_sharing.cpp).
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -187,6 +188,12 @@ def test_members_of_one_table_see_each_other_and_a_floor_lowers_the_others_ceili
 def test_a_floor_that_the_device_cannot_give_is_reported_short(table):
     a, b = sims(2, table)
     b.malloc(0, 7 * GiB)  # live: of an 8 GiB GPU (by the table), only 1 GiB is left for a
+    # b's figures reach the table from its own thread: wait for them, as a loaded machine may run
+    # that thread late (a's floor would otherwise be read against a b that holds nothing yet).
+    deadline = time.monotonic() + 60
+    while [other["in_use"] for other in a.share_status(0)["others"]] != [7 * GiB]:
+        assert time.monotonic() < deadline, a.share_status(0)
+        time.sleep(0.005)
     assert a.share_set_floor(0, 4 * GiB) == 3 * GiB
     assert a.share_status(0)["floor_short"] == 3 * GiB
     a.malloc(0, 4 * GiB)  # a's own simulated device has the room, so it is honoured as it is used

@@ -126,7 +126,7 @@ def test_run_records_a_crash_and_a_hang_and_goes_on(tmp_path):
     tests.mkdir()
     (tests / "test_planted.py").write_text(textwrap.dedent(PLANTED))
     out = tmp_path / "out"
-    done = runner("run", str(tests), str(out), "--modes", "native", "--test-timeout", "8", "--budget", "200")
+    done = runner("run", str(tests), str(out), "--modes", "native", "--test-timeout", "30", "--budget", "200")
     assert done.returncode == 0, done.stdout + done.stderr
     [row] = json.loads(runner("summary", str(out), "--json").stdout)
     assert row["tests"] == 5
