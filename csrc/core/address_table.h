@@ -26,7 +26,7 @@ class AddressTable {
 
   // Files `block` under its address, replacing a block filed there before.
   void insert(Block* block) {
-    if (2 * (count_ + 1) > slots_.size()) grow();
+    if (count_ >= grow_at_) grow();
     if (Slot* slot = place(block->addr); slot->block) {
       slot->block = block;
     } else {
@@ -42,7 +42,27 @@ class AddressTable {
     }
   }
   // Takes the block filed under `addr` out of the table and returns it; nullptr if none is.
-  Block* take(std::uintptr_t addr);
+  Block* take(std::uintptr_t addr) {
+    std::size_t hole = home(addr);
+    for (;; hole = next(hole)) {
+      const Slot& slot = slots_[hole];
+      if (!slot.block) return nullptr;
+      if (slot.addr == addr) break;
+    }
+    Block* const block = slots_[hole].block;
+    // The entries after the hole, up to the run's end, move back into it unless their home lies
+    // after the hole (cyclically, in (hole, i]): then a lookup from their home still finds them.
+    for (std::size_t i = next(hole); slots_[i].block; i = next(i)) {
+      const std::size_t h = home(slots_[i].addr);
+      const bool stays = hole <= i ? (hole < h && h <= i) : (hole < h || h <= i);
+      if (stays) continue;
+      slots_[hole] = slots_[i];
+      hole = i;
+    }
+    slots_[hole] = Slot{};
+    --count_;
+    return block;
+  }
   std::size_t size() const { return count_; }
 
  private:
@@ -56,7 +76,7 @@ class AddressTable {
   std::size_t home(std::uintptr_t addr) const {
     return static_cast<std::size_t>(((addr >> 9) * 0x9E3779B97F4A7C15ull) >> shift_);
   }
-  std::size_t next(std::size_t i) const { return (i + 1) & (slots_.size() - 1); }
+  std::size_t next(std::size_t i) const { return (i + 1) & mask_; }
   // The slot holding `addr`, or the empty slot where it would go.
   Slot* place(std::uintptr_t addr) {
     for (std::size_t i = home(addr);; i = next(i)) {
@@ -69,6 +89,8 @@ class AddressTable {
   std::vector<Slot> slots_;
   std::size_t count_ = 0;
   unsigned shift_ = 64 - kInitialBits;  // 64 - log2(slots_.size())
+  std::size_t mask_ = kInitialSlots - 1;  // slots_.size() - 1
+  std::size_t grow_at_ = kInitialSlots / 2;  // the count at which an insert doubles the table
 };
 
 }  // namespace gpumem

@@ -118,25 +118,6 @@ void CachingAllocator::configure(int index, const AllocatorConfig& config) {
   configs_[index] = config;
 }
 
-void* CachingAllocator::raw_alloc(int device, std::size_t size, StreamId stream, std::size_t at_least) {
-  Block* block = malloc(device, size, stream, at_least);
-  Shard& s = shard(block->ptr());
-  try {
-    std::lock_guard<Lock> lock(s.lock);
-    s.blocks.insert(block);  // may grow the table, which may fail: then the block goes back
-  } catch (...) {
-    free(block);
-    throw;
-  }
-  return block->ptr();
-}
-
-Block* CachingAllocator::take_raw(void* ptr) {
-  Shard& s = shard(ptr);
-  std::lock_guard<Lock> lock(s.lock);
-  return s.blocks.take(reinterpret_cast<std::uintptr_t>(ptr));
-}
-
 void CachingAllocator::raw_free(void* ptr) {
   Block* block = take_raw(ptr);
   if (!block) throw std::invalid_argument("gpumem: raw_free of a pointer that raw_alloc did not return");

@@ -74,14 +74,29 @@ class CachingAllocator {
   static bool heads_a_split(const Block* block) { return block->segment->owner->heads_a_split(block); }
 
   // By address. raw_free of an address raw_alloc did not return throws std::invalid_argument.
-  void* raw_alloc(int device, std::size_t size, StreamId stream, std::size_t at_least = 0);
+  void* raw_alloc(int device, std::size_t size, StreamId stream, std::size_t at_least = 0) {
+    Block* block = malloc(device, size, stream, at_least);
+    Shard& s = shard(block->ptr());
+    try {
+      std::lock_guard<Lock> lock(s.lock);
+      s.blocks.insert(block);  // may grow the table, which may fail: then the block goes back
+    } catch (...) {
+      free(block);
+      throw;
+    }
+    return block->ptr();
+  }
   void raw_free(void* ptr);
   Block* find_raw(void* ptr) const;
   // `stream` also uses the memory at `ptr`, from raw_alloc; false (nothing changes) if raw_alloc
   // did not return it.
   bool raw_record_stream(void* ptr, StreamId stream);
   // Takes `ptr` out of the raw table and returns its block (still allocated), or nullptr.
-  Block* take_raw(void* ptr);
+  Block* take_raw(void* ptr) {
+    Shard& s = shard(ptr);
+    std::lock_guard<Lock> lock(s.lock);
+    return s.blocks.take(reinterpret_cast<std::uintptr_t>(ptr));
+  }
 
  private:
   static constexpr std::size_t kShards = 16;

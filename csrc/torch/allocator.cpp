@@ -295,7 +295,11 @@ void TorchAllocator::raw_delete(void* ptr) {
   if (!block && with_c10_errors([&] { return free_uncached(ptr); })) return;
   TORCH_CHECK(block, "gpumem: raw_delete of ", ptr,
               ", which gpumem did not hand out through raw_alloc or to a CUDA graph's private pool");
-  with_c10_errors([&] { free_recorded(block); });
+  with_c10_errors([&] {
+    // Nobody listens (the hot path, as in delete_block): straight to the core.
+    if (C10_LIKELY(!history_.active() && !c10::memoryProfilingEnabled())) return CachingAllocator::free(block);
+    free_recorded(block);
+  });
 }
 
 // ---- streams ----
