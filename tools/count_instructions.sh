@@ -6,7 +6,7 @@
 # raw_free). Builds a Release bench_core without the invariant checker in build/bench. Where
 # python3 imports torch, it also counts the torch adapter's two rings (bench_adapter: raw_alloc_with_stream
 # and raw_delete, what part 1 of docs/benchmarks.md calls; allocate() and the DataPtr's deleter, what
-# a tensor calls), built in build/bench-adapter at -O2, as the extension is, against the installed torch.
+# a tensor calls), built in build/bench-adapter at -O3, as the extension is, against the installed torch.
 # Usage: tools/count_instructions.sh [pairs per run, default 20000]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,8 +33,8 @@ count ByAddress "one-thread ring by address (raw_alloc, raw_free)"
 
 python3 -c "import torch" 2>/dev/null || { echo "count_instructions.sh: python3 has no torch: the adapter's rings not counted"; exit 0; }
 # The adapter library is defined with the torch tests; only bench_adapter and what it links are built,
-# at -O2 as setup.py builds the extension (and build_bench_allocators.sh part 1's benchmark).
-cmake -S . -B build/bench-adapter -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O2 -DNDEBUG" \
+# at -O3 (Release) as setup.py builds the extension and build_bench_allocators.sh part 1's benchmark.
+cmake -S . -B build/bench-adapter -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O3 -DNDEBUG" \
   -DGPUMEM_TESTS=ON -DGPUMEM_TORCH_TESTS=ON -DGPUMEM_CHECK_INVARIANTS=OFF >/dev/null
 ninja -C build/bench-adapter bench_adapter >/dev/null
 # `count_adapter RING ARG LABEL`: bench_adapter runs that ring alone, a warm-up and its measured runs.
