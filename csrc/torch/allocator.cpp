@@ -129,7 +129,7 @@ Block* TorchAllocator::malloc_recorded(int device, size_t size, StreamId stream,
   {
     TracingBackend::Request request(stream, context);
     const std::size_t rounded = torch_compat::power2_division_size(size);
-    block = call_core(stream, context, [&] {
+    block = call_core(stream, &context, [&] {
       return raw ? core_.find_raw(core_.raw_alloc(device, size, stream, rounded))
                  : core_.malloc(device, size, stream, rounded);
     });

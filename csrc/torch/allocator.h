@@ -210,14 +210,15 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
   // While history is active: the calling thread's request, with its stack at `level`, for the
   // segment entries the core's work causes (see TracingBackend::Request).
   std::optional<TracingBackend::Request> request_scope(StreamId stream, History::RecordContext level);
-  // Runs a core call; its OutOfMemoryError is reported (observers, history) and rethrown as
-  // torch's, any other error as a c10 error.
+  // Runs a core call; its OutOfMemoryError is reported (observers, history, with `context`'s stack
+  // where there is one) and rethrown as torch's, any other error as a c10 error. A pointer, so
+  // that a call with no stack makes no Context on its way.
   template <class F>
-  decltype(auto) call_core(StreamId stream, const History::Context& context, F&& f) {
+  decltype(auto) call_core(StreamId stream, const History::Context* context, F&& f) {
     try {
       return f();
     } catch (const OutOfMemoryError& error) {
-      report_oom(error, stream, context);
+      report_oom(error, stream, context ? *context : History::Context());
     } catch (...) {
       rethrow_as_c10_error();
     }
