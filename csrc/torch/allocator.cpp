@@ -90,6 +90,15 @@ void TorchAllocator::record(History::Action action, int device, const void* ptr,
 
 // ---- allocate and free ----
 
+// Inline in allocate(), its one caller: every tensor's allocation comes through here.
+[[gnu::always_inline]] inline Block* TorchAllocator::malloc_block(int device, size_t size, StreamId stream) {
+  if (C10_UNLIKELY(history_.active())) return malloc_recorded(device, size, stream, false);
+  const std::size_t rounded = torch_compat::power2_division_size(size);
+  Block* block = call_core(stream, nullptr, [&] { return core_.malloc(device, size, stream, rounded); });
+  if (C10_UNLIKELY(in_private_pool(block))) pool_blocks_.add(device, block);
+  return block;
+}
+
 c10::DataPtr TorchAllocator::allocate(size_t size) {
   const int device = context_->current_device();
   const c10::Device where(c10::DeviceType::CUDA, static_cast<DeviceIndex>(device));
@@ -113,13 +122,6 @@ void TorchAllocator::report_to_profiler(int device, void* ptr, std::int64_t delt
                                    c10::Device(c10::DeviceType::CUDA, static_cast<DeviceIndex>(device)));
 }
 
-Block* TorchAllocator::malloc_block(int device, size_t size, StreamId stream) {
-  if (C10_UNLIKELY(history_.active())) return malloc_recorded(device, size, stream, false);
-  const std::size_t rounded = torch_compat::power2_division_size(size);
-  Block* block = call_core(stream, nullptr, [&] { return core_.malloc(device, size, stream, rounded); });
-  if (C10_UNLIKELY(in_private_pool(block))) pool_blocks_.add(device, block);
-  return block;
-}
 
 // As native: the stack is taken before the allocator's lock (the recorder takes the GIL), kept
 // for the block and the segments the request makes, and put on the trace entries.
@@ -263,16 +265,8 @@ bool TorchAllocator::owns(const DataPtr& ptr) { return ptr.get_deleter() == &del
 
 // ---- raw pointers ----
 
-void* TorchAllocator::raw_alloc(size_t nbytes) {
-  const int device = context_->current_device();
-  return raw_alloc_on(device, nbytes, context_->current_stream(device));
-}
-
-void* TorchAllocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) {
-  return raw_alloc_on(context_->current_device(), nbytes, reinterpret_cast<StreamId>(stream));
-}
-
-void* TorchAllocator::raw_alloc_on(int device, size_t nbytes, StreamId stream) {
+// Inline in its two callers: part 1's pairs, and every raw allocation, come through here.
+[[gnu::always_inline]] inline void* TorchAllocator::raw_alloc_on(int device, size_t nbytes, StreamId stream) {
   if (nbytes == 0) return nullptr;
   if (C10_UNLIKELY(!enabled_.load(std::memory_order_relaxed))) return malloc_uncached(device, nbytes);
   if (C10_UNLIKELY(history_.active())) {
@@ -285,6 +279,15 @@ void* TorchAllocator::raw_alloc_on(int device, size_t nbytes, StreamId stream) {
   // As for a tensor: the profiler hears of the block (raw_delete tells it of the free).
   if (C10_UNLIKELY(c10::memoryProfilingEnabled())) report_to_profiler(device, ptr, core_.find_raw(ptr)->size);
   return ptr;
+}
+
+void* TorchAllocator::raw_alloc(size_t nbytes) {
+  const int device = context_->current_device();
+  return raw_alloc_on(device, nbytes, context_->current_stream(device));
+}
+
+void* TorchAllocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) {
+  return raw_alloc_on(context_->current_device(), nbytes, reinterpret_cast<StreamId>(stream));
 }
 
 void TorchAllocator::raw_delete(void* ptr) {
