@@ -122,7 +122,6 @@ void TorchAllocator::report_to_profiler(int device, void* ptr, std::int64_t delt
                                    c10::Device(c10::DeviceType::CUDA, static_cast<DeviceIndex>(device)));
 }
 
-
 // As native: the stack is taken before the allocator's lock (the recorder takes the GIL), kept
 // for the block and the segments the request makes, and put on the trace entries.
 Block* TorchAllocator::malloc_recorded(int device, size_t size, StreamId stream, bool raw) {
