@@ -15,21 +15,24 @@ cmake -S . -B build/bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUMEM_TESTS=OFF
 ninja -C build/bench bench_core >/dev/null
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-# run() is called once for the warm-up and once per measured run (bench_core prints how many), each
-# with `pairs` pairs. `count RING LABEL` counts one ring's runs.
+# Ring::run is called once for the warm-up and once per measured run (the program prints how
+# many), each with `pairs` pairs. `count PROGRAM RING LABEL [ARG]` counts one ring's runs, PROGRAM
+# given `pairs` and ARG.
 count() {
-  valgrind --tool=callgrind --collect-atstart=no "--toggle-collect=*Ring<*$1>::run*" \
-    --callgrind-out-file="$out/cg" build/bench/bench_core "$pairs" one-thread >"$out/log" 2>&1
-  local total runs calls
+  local program=$1 ring=$2 label=$3 arg=${4:-}
+  valgrind --tool=callgrind --collect-atstart=no "--toggle-collect=*Ring<*$ring>::run*" \
+    --callgrind-out-file="$out/cg" "$program" "$pairs" $arg >"$out/log" 2>&1
+  local total runs calls name
+  name=$(basename "$program")
   total=$(callgrind_annotate "$out/cg" | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
   runs=$(sed -n 's/.*median of \([0-9][0-9]*\) runs.*/\1/p' "$out/log")
-  [ -n "$runs" ] || { echo "count_instructions.sh: bench_core did not say how many runs it made" >&2; exit 1; }
+  [ -n "$runs" ] || { echo "count_instructions.sh: $name did not say how many runs it made" >&2; exit 1; }
   calls=$((runs + 1))
-  echo "bench_core $2: $total instructions in $((calls * pairs)) malloc+free pairs:" \
+  echo "$name $label: $total instructions in $((calls * pairs)) malloc+free pairs:" \
     "$(awk -v t="$total" -v n="$((calls * pairs))" 'BEGIN { printf "%.0f", t / n }') per pair"
 }
-count ByBlock "one-thread ring"
-count ByAddress "one-thread ring by address (raw_alloc, raw_free)"
+count build/bench/bench_core ByBlock "one-thread ring" one-thread
+count build/bench/bench_core ByAddress "one-thread ring by address (raw_alloc, raw_free)" one-thread
 
 python3 -c "import torch" 2>/dev/null || { echo "count_instructions.sh: python3 has no torch: the adapter's rings not counted"; exit 0; }
 # The adapter library is defined with the torch tests; only bench_adapter and what it links are built,
@@ -37,17 +40,6 @@ python3 -c "import torch" 2>/dev/null || { echo "count_instructions.sh: python3 
 cmake -S . -B build/bench-adapter -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O3 -DNDEBUG" \
   -DGPUMEM_TESTS=ON -DGPUMEM_TORCH_TESTS=ON -DGPUMEM_CHECK_INVARIANTS=OFF >/dev/null
 ninja -C build/bench-adapter bench_adapter >/dev/null
-# `count_adapter RING ARG LABEL`: bench_adapter runs that ring alone, a warm-up and its measured runs.
-count_adapter() {
-  valgrind --tool=callgrind --collect-atstart=no "--toggle-collect=*Ring<*$1>::run*" \
-    --callgrind-out-file="$out/cg" build/bench-adapter/bench_adapter "$pairs" "$2" >"$out/log" 2>&1
-  local total runs calls
-  total=$(callgrind_annotate "$out/cg" | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-  runs=$(sed -n 's/.*median of \([0-9][0-9]*\) runs.*/\1/p' "$out/log")
-  [ -n "$runs" ] || { echo "count_instructions.sh: bench_adapter did not say how many runs it made" >&2; exit 1; }
-  calls=$((runs + 1))
-  echo "bench_adapter $3: $total instructions in $((calls * pairs)) malloc+free pairs:" \
-    "$(awk -v t="$total" -v n="$((calls * pairs))" 'BEGIN { printf "%.0f", t / n }') per pair"
-}
-count_adapter Raw raw "raw ring (raw_alloc_with_stream, raw_delete)"
-count_adapter ByDataPtr data_ptr "DataPtr ring (allocate, the DataPtr's deleter)"
+# bench_adapter's ARG runs that ring alone.
+count build/bench-adapter/bench_adapter Raw "raw ring (raw_alloc_with_stream, raw_delete)" raw
+count build/bench-adapter/bench_adapter ByDataPtr "DataPtr ring (allocate, the DataPtr's deleter)" data_ptr

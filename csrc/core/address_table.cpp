@@ -8,7 +8,6 @@ void AddressTable::grow() {
   old.swap(slots_);
   --shift_;
   mask_ = slots_.size() - 1;
-  grow_at_ = slots_.size() / 2;
   count_ = 0;
   for (const Slot& slot : old) {
     if (slot.block) {

@@ -26,7 +26,7 @@ class AddressTable {
 
   // Files `block` under its address, replacing a block filed there before.
   void insert(Block* block) {
-    if (count_ >= grow_at_) grow();
+    if (2 * count_ > mask_) grow();  // half full once this one is in
     if (Slot* slot = place(block->addr); slot->block) {
       slot->block = block;
     } else {
@@ -89,8 +89,7 @@ class AddressTable {
   std::vector<Slot> slots_;
   std::size_t count_ = 0;
   unsigned shift_ = 64 - kInitialBits;  // 64 - log2(slots_.size())
-  std::size_t mask_ = kInitialSlots - 1;  // slots_.size() - 1
-  std::size_t grow_at_ = kInitialSlots / 2;  // the count at which an insert doubles the table
+  std::size_t mask_ = kInitialSlots - 1;  // slots_.size() - 1, kept: every probe step reads it
 };
 
 }  // namespace gpumem

@@ -204,11 +204,7 @@ void TorchAllocator::free_uncached_address(void* ptr) {
   TORCH_CHECK(false, "no memory handed out with caching off starts at ", ptr, " (freed twice?)");
 }
 
-void TorchAllocator::free_recorded(Block* block) {
-  if (C10_LIKELY(!history_.active() && !c10::memoryProfilingEnabled())) {  // nobody listens: the hot path
-    CachingAllocator::free(block);
-    return;
-  }
+void TorchAllocator::free_told(Block* block) {
   const int device = CachingAllocator::device_of(block);
   void* const ptr = block->ptr();
   const auto size = static_cast<std::int64_t>(block->size);
@@ -297,11 +293,7 @@ void TorchAllocator::raw_delete(void* ptr) {
   if (!block && with_c10_errors([&] { return free_uncached(ptr); })) return;
   TORCH_CHECK(block, "gpumem: raw_delete of ", ptr,
               ", which gpumem did not hand out through raw_alloc or to a CUDA graph's private pool");
-  with_c10_errors([&] {
-    // Nobody listens (the hot path, as in delete_block): straight to the core.
-    if (C10_LIKELY(!history_.active() && !c10::memoryProfilingEnabled())) return CachingAllocator::free(block);
-    free_recorded(block);
-  });
+  with_c10_errors([&] { free_recorded(block); });
 }
 
 // ---- streams ----

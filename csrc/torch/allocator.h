@@ -223,7 +223,13 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
       rethrow_as_c10_error();
     }
   }
-  void free_recorded(Block* block);  // the core's free, told to the history and the profiler
+  // The core's free, told to the history and the profiler; straight to the core when nobody
+  // listens (the hot path, inline in raw_delete).
+  void free_recorded(Block* block) {
+    if (C10_LIKELY(!history_.active() && !c10::memoryProfilingEnabled())) return CachingAllocator::free(block);
+    free_told(block);
+  }
+  void free_told(Block* block);  // free_recorded's path while the history or the profiler listens
   History::Context record_free(int device, const Block* block);
   void report_to_profiler(int device, void* ptr, std::int64_t delta);
   [[noreturn]] void report_oom(const OutOfMemoryError& error, StreamId stream, const History::Context& context);

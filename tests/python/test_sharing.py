@@ -3,12 +3,12 @@ metrics show. The protocol itself is tested in C++ (tests/cpp/test_sharing.cpp).
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 from gpumem import _C, _env, cli, metrics, publish, published, sharing, top
 
+from test_report import wait_for
 from test_top import UUID, gpu, identity, run_dir, table_of, json_of  # noqa: F401 - fixtures
 
 GiB = 1 << 30
@@ -190,10 +190,7 @@ def test_a_floor_that_the_device_cannot_give_is_reported_short(table):
     b.malloc(0, 7 * GiB)  # live: of an 8 GiB GPU (by the table), only 1 GiB is left for a
     # b's figures reach the table from its own thread: wait for them, as a loaded machine may run
     # that thread late (a's floor would otherwise be read against a b that holds nothing yet).
-    deadline = time.monotonic() + 60
-    while [other["in_use"] for other in a.share_status(0)["others"]] != [7 * GiB]:
-        assert time.monotonic() < deadline, a.share_status(0)
-        time.sleep(0.005)
+    wait_for(lambda: [other["in_use"] for other in a.share_status(0)["others"]] == [7 * GiB])
     assert a.share_set_floor(0, 4 * GiB) == 3 * GiB
     assert a.share_status(0)["floor_short"] == 3 * GiB
     a.malloc(0, 4 * GiB)  # a's own simulated device has the room, so it is honoured as it is used
