@@ -162,7 +162,7 @@ def extension():
     cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     cudart_dir, cudart = cudart_library()
     sources = sorted(
-        glob.glob("csrc/core/*.cpp") + glob.glob("csrc/backends/*.cpp")
+        glob.glob("csrc/core/*.cpp") + glob.glob("csrc/sharing/*.cpp") + glob.glob("csrc/backends/*.cpp")
         + glob.glob("csrc/torch/*.cpp") + ["csrc/python/module.cpp"]
     )
     rpaths = library_paths() + [cudart_dir]

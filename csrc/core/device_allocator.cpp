@@ -3,9 +3,11 @@
 #include "core/device_allocator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/limit_spec.h"
@@ -20,12 +22,14 @@ void DeviceAllocator::record_stream(Block* block, StreamId stream) {
 }
 
 void* DeviceAllocator::malloc_uncached(std::size_t size) {
+  DeviceCore::Asking asking;
   for (;;) {
     {
       const WholeDevice whole(core_);
-      if (void* ptr = core_.malloc_uncached(size)) return ptr;
+      if (void* ptr = core_.malloc_uncached(size, asking)) return ptr;
     }
-    core_.d_.departing.wait();  // memory on its way back may make room (core/departures.h)
+    // Memory on its way back may make room (core/departures.h), or the others sharing the GPU.
+    if (!core_.ask_neighbours(asking)) core_.d_.departing.wait();
   }
 }
 
@@ -76,9 +80,20 @@ DeviceSettings DeviceAllocator::settings() const {
 }
 
 void DeviceAllocator::set_share(ShareHooks* share) {
+  {
+    const WholeDevice whole(core_);
+    core_.d_.share = share;
+    if (!share) core_.d_.cap.set_ceiling(SIZE_MAX);
+  }
+  // Asks already handed the old hooks run with no lock held: the hooks may go once they ended
+  // (each is bounded by the sharing's own wait).
+  while (core_.asks_in_flight_.load(std::memory_order_acquire) > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+std::optional<MemInfo> DeviceAllocator::mem_info_outside_capture() {
   const WholeDevice whole(core_);
-  core_.d_.share = share;
-  if (!share) core_.d_.cap.set_ceiling(SIZE_MAX);
+  if (core_.d_.capturing()) return std::nullopt;
+  return core_.d_.backend.mem_info(core_.d_.device);
 }
 
 void DeviceAllocator::set_shared_ceiling(std::size_t bytes) {

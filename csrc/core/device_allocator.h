@@ -142,6 +142,9 @@ class DeviceAllocator {
   WorkCounts work_counts() const;
   std::size_t largest_free_block() const;  // the largest cached free block, in bytes
   MemInfo device_mem_info() { return core_.d_.backend.mem_info(core_.d_.device); }
+  // The same, read under the whole device unless a graph may be capturing (nullopt then: the
+  // driver does not allow the call during a capture).
+  std::optional<MemInfo> mem_info_outside_capture();
   std::size_t device_total() const { return core_.d_.device_total; }
   std::vector<SegmentInfo> snapshot() const;
   // The segment start and size holding `ptr`, if any.

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/limit_spec.h"
@@ -107,15 +108,40 @@ Block* DeviceCore::malloc(std::size_t requested, StreamId stream, std::size_t at
   if (LaneSlot* slot = d_.lanes.slot_of(stream)) {
     if (Block* block = malloc_in_lane(*slot, size, requested)) return block;
   }
-  // nullptr: memory on its way back to the device may make room (core/departures.h); wait for it
-  // with no lock held, and try again.
+  // nullptr: memory on its way back to the device may make room (core/departures.h), or the other
+  // processes sharing the GPU may give some back: wait for it, or ask them, with no lock held, and
+  // try again. They are asked once a request: the second refusal is the request's error.
+  Asking asking;
   for (;;) {
-    if (Block* block = malloc_on_device(size, requested, stream)) return block;
-    d_.departing.wait();
+    if (Block* block = malloc_on_device(size, requested, stream, asking)) return block;
+    if (!ask_neighbours(asking)) d_.departing.wait();
   }
 }
 
-[[gnu::noinline]] Block* DeviceCore::malloc_on_device(std::size_t size, std::size_t requested, StreamId stream) {
+bool DeviceCore::ask_neighbours(Asking& asking) {
+  if (!asking.hooks) return false;
+  struct Done {  // set_share(nullptr) waits for this count to reach zero before the hooks go
+    std::atomic<int>& in_flight;
+    ~Done() { in_flight.fetch_sub(1, std::memory_order_release); }
+  } done{asks_in_flight_};
+  ShareHooks* hooks = std::exchange(asking.hooks, nullptr);
+  hooks->ask(std::exchange(asking.bytes, 0));
+  asking.asked = true;
+  return true;
+}
+
+// Under the whole device: the hooks to ask for `size` bytes, once a request (nullptr where
+// nobody shares the GPU or they were asked already), counted in flight until asked.
+ShareHooks* DeviceCore::hooks_to_ask(Asking& asking, std::size_t size) {
+  if (!d_.share || asking.asked) return nullptr;
+  asks_in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  asking.hooks = d_.share;
+  asking.bytes = size;
+  return asking.hooks;
+}
+
+[[gnu::noinline]] Block* DeviceCore::malloc_on_device(std::size_t size, std::size_t requested, StreamId stream,
+                                                      Asking& asking) {
   const WholeDevice whole(*this);
   ++on_device_;
   d_.lanes.add_stream(stream);  // before the stream's first block: its blocks' home is its lane's arena
@@ -132,8 +158,11 @@ Block* DeviceCore::malloc(std::size_t requested, StreamId stream, std::size_t at
   Block* block = try_cached(*r.pool, r);
   if (block) return place(block, size, requested, nullptr);
   measure_outside();
-  if (d_.share) d_.share->before_growth(d_, allocated(), size);
-  if (!fits_under(allocated(), size, d_.cap.budget())) throw_oom(requested, size);
+  if (!fits_under(allocated(), size, d_.cap.budget())) {
+    // Only the others' floors and tensors stand in the way: they are asked for fresh figures.
+    if (fits_under(allocated(), size, d_.cap.hard_budget()) && hooks_to_ask(asking, size)) return nullptr;
+    throw_oom(requested, size);
+  }
   block = sources_.serving(*r.pool).grow(r);
   if (!block && r.pool == &d_.default_pool) block = d_.pools.take_for_oom(r.small, r.stream, r.size);
   bool retried = false;
@@ -148,9 +177,9 @@ Block* DeviceCore::malloc(std::size_t requested, StreamId stream, std::size_t at
     block = try_cached(*r.pool, r);
     if (!block) block = sources_.serving(*r.pool).grow(r);
   }
-  if (!block && r.device_refused && d_.share && d_.share->retry_after_refusal(d_)) block = sources_.serving(*r.pool).grow(r);
   if (retried) ++d_.stats.num_alloc_retries;
   if (!block && d_.departing.bytes() > 0) return nullptr;  // malloc waits for it and calls again
+  if (!block && r.device_refused && hooks_to_ask(asking, size)) return nullptr;  // malloc asks, calls again
   if (!block) throw_oom(requested, size, r.device_refused);
   block = place(block, size, requested, nullptr);
   if (release_.threshold() > 0.0) release_.apply_threshold();
@@ -219,6 +248,7 @@ void DeviceCore::throw_oom(std::size_t requested, std::size_t size, bool device_
     ++d_.stats.num_ooms_device_full;
   } else if (!fits_under(info.allocated, size, d_.cap.budget())) {
     info.kind = OomKind::kOverLimit;
+    info.neighbours = fits_under(info.allocated, size, d_.cap.hard_budget());
     ++d_.stats.num_ooms_over_limit;
   } else {
     info.kind = OomKind::kFragmentation;
@@ -326,14 +356,16 @@ void DeviceCore::synchronize_and_process_events() {
 
 // ---- caching off (core/uncached.h) ----
 
-void* DeviceCore::malloc_uncached(std::size_t requested) {
+void* DeviceCore::malloc_uncached(std::size_t requested, Asking& asking) {
   if (requested > SIZE_MAX - kMinBlockSize) throw_oom(requested, requested);
   const std::size_t bytes = round_size(requested);
   measure_outside();
-  // New memory, as a growth of the chain is: the sharing refreshes the ceiling first, and asks the
-  // others for their cache where the device refuses.
-  if (d_.share) d_.share->before_growth(d_, allocated(), bytes);
-  if (!fits_under(allocated(), bytes, d_.cap.budget())) throw_oom(requested, bytes);
+  // New memory, as a growth of the chain is: the others are asked where their floors stand in the
+  // way, or the device refuses.
+  if (!fits_under(allocated(), bytes, d_.cap.budget())) {
+    if (fits_under(allocated(), bytes, d_.cap.hard_budget()) && hooks_to_ask(asking, bytes)) return nullptr;
+    throw_oom(requested, bytes);
+  }
   bool device_refused = false;
   void* ptr = uncached_.reserve(d_.cap, bytes, device_refused);
   if (!ptr && !d_.capturing()) {
@@ -341,10 +373,8 @@ void* DeviceCore::malloc_uncached(std::size_t requested) {
     release_.all_unused();
     ptr = uncached_.reserve(d_.cap, bytes, device_refused);
   }
-  if (!ptr && device_refused && d_.share && d_.share->retry_after_refusal(d_)) {
-    ptr = uncached_.reserve(d_.cap, bytes, device_refused);
-  }
   if (!ptr && d_.departing.bytes() > 0) return nullptr;  // the facade waits for it and calls again
+  if (!ptr && device_refused && hooks_to_ask(asking, bytes)) return nullptr;  // the facade asks, calls again
   if (!ptr) throw_oom(requested, bytes, device_refused);
   debug_check();
   return ptr;

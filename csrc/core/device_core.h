@@ -18,6 +18,7 @@
 // (CacheRelease) and the limit's scope (ProcessScope). The checker (core/invariants.cpp) reads them.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <optional>
 #include <stdexcept>
@@ -81,12 +82,24 @@ class DeviceCore {
     DeviceCore& core_;
   };
 
+  // A request's way to the other processes sharing the GPU (core/share_hooks.h): the chain under
+  // the whole device hands out the hooks to ask, once a request; the caller asks them with no lock
+  // held (ask_neighbours) and calls the chain again.
+  struct Asking {
+    ShareHooks* hooks = nullptr;  // to be asked, for `bytes`; counted in asks_in_flight_ until then
+    std::size_t bytes = 0;
+    bool asked = false;
+  };
+
   // Take their own locks: the stream's lane where it can serve, else the whole device.
   Block* malloc(std::size_t requested, StreamId stream, std::size_t at_least);
   void free(Block* block);
 
-  // nullptr where memory on its way back may make room: wait for it (d_.departing) and call again.
-  void* malloc_uncached(std::size_t size);
+  // nullptr where memory on its way back may make room (wait for it: d_.departing) or the others
+  // sharing the GPU are to be asked (ask_neighbours): then call again with the same `asking`.
+  void* malloc_uncached(std::size_t size, Asking& asking);
+  // Asks the hooks `asking` holds, with no allocator lock held; false if it holds none.
+  bool ask_neighbours(Asking& asking);
   bool free_uncached(void* ptr);
   // With `departing`, the backend's plain segments it releases go there instead of to the backend
   // (core/departures.h); give_back, called with no lock held, then gives them back.
@@ -116,7 +129,8 @@ class DeviceCore {
   inline Block* malloc_in_lane(LaneSlot& slot, std::size_t size, std::size_t requested);
   inline bool free_in_lane(LaneSlot& slot, Block* block);
   // The chain and the free under the whole device (what the lanes could not serve).
-  Block* malloc_on_device(std::size_t size, std::size_t requested, StreamId stream);
+  Block* malloc_on_device(std::size_t size, std::size_t requested, StreamId stream, Asking& asking);
+  ShareHooks* hooks_to_ask(Asking& asking, std::size_t size);
   void free_on_device(Block* block);
   // What the lanes may serve while nothing holds the whole device: a cached malloc while no graph
   // captures and no block pends on a stream; a cached free while no graph captures, no release
@@ -172,6 +186,7 @@ class DeviceCore {
   // The mallocs and frees that took the whole device: every other one was served in a lane. Counted
   // here, on the slow path, so that the lanes' cached path counts nothing (for tests and benchmarks).
   std::uint64_t on_device_ = 0;
+  std::atomic<int> asks_in_flight_{0};  // asks running with no lock held (set_share waits for them)
 };
 
 }  // namespace gpumem

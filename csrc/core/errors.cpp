@@ -122,6 +122,11 @@ const char* advice(OomKind kind) {
   return "";
 }
 
+constexpr const char* kNeighboursAdvice =
+    "The other processes sharing this GPU leave this process too little: their floors and live tensors, named "
+    "below. The gpumem limit was not reached, so raising it cannot help: lower or drop their floors (GPUMEM_FLOOR, "
+    "gpumem.set_limit(floor=...)), end one of them, or use less memory.";
+
 // Sizes as PyTorch's out-of-memory message writes them: bytes up to 1 KiB, then KiB, MiB and GiB
 // with two decimals, each bound inclusive (1 MiB is "1024.00 KiB"), never TiB.
 std::string native_size(std::size_t bytes) {
@@ -149,7 +154,7 @@ std::string oom_message(const OomInfo& i) {
                                 " is held outside PyTorch's allocator (the CUDA context, libraries)"
                           : std::string()) +
          "; the largest free cached block is " + native_size(i.largest_free_block) + ". " +
-         advice(i.kind) + i.sharing;
+         (i.neighbours ? kNeighboursAdvice : advice(i.kind)) + i.sharing;
 }
 
 }  // namespace

@@ -68,7 +68,8 @@ struct OomInfo {
   std::size_t device_free = 0;
   std::size_t device_total = 0;
   std::size_t largest_free_block = 0;
-  std::string sharing;  // who else shares the GPU and holds what (core/share_client.cpp); "" if none
+  std::string sharing;  // who else shares the GPU and holds what (sharing/member.cpp); "" if none
+  bool neighbours = false;  // the others sharing the GPU left too little; the limit itself had room
 };
 
 // Derives from std::bad_alloc so generic C++ code treats it as an allocation failure.

@@ -1,5 +1,8 @@
-// What a device allocator asks of its GPU's sharing (core/share_client.h), and nothing more: two
-// calls, both made under the whole device. A device that does not share has no hooks.
+// What a device allocator asks of its GPU's sharing (csrc/sharing/), and nothing more, in plain
+// values. The sharing keeps the ceiling the others leave this process in the cap through
+// DeviceAllocator::set_shared_ceiling, from its own thread; the allocator asks it for help with no
+// lock of its own held (DeviceCore::ask_neighbours), so a process never waits on another while it
+// holds its device. A device that does not share has no hooks.
 #pragma once
 
 #include <cstddef>
@@ -10,20 +13,17 @@
 
 namespace gpumem {
 
-struct DeviceState;
-
 class ShareHooks {
  public:
   virtual ~ShareHooks() = default;
-  // A request of `size` bytes needs new memory while `allocated` bytes are live: refresh the
-  // shared ceiling; where only the ceiling (not the hard cap) stands in the way, first ask the
-  // others for fresh figures and their free cache. Never throws.
-  virtual void before_growth(DeviceState& d, std::size_t allocated, std::size_t size) noexcept = 0;
-  // The device refused new memory and the fallback chain could not serve: ask the others to give
-  // back free cache; true if the request is worth trying again. Never throws.
-  virtual bool retry_after_refusal(DeviceState& d) noexcept = 0;
-  // For the out-of-memory message: who holds how much, and what could not be asked; `on_device`:
-  // the processes the driver lists on the GPU (Backend::processes_on), empty where it cannot.
+  // A request of `bytes` bytes found the device full, or the others' floors and tensors in the
+  // way: asks the other processes to give back free cache, waits for their answers (a bounded
+  // wait), and refreshes the ceiling. Called with no allocator lock held; the request is tried
+  // once more after it. Never throws.
+  virtual void ask(std::size_t bytes) noexcept = 0;
+  // For the out-of-memory message, under the whole device (it reads memory and waits on nothing):
+  // who holds how much and what could not be asked; `on_device`: the processes the driver lists on
+  // the GPU (Backend::processes_on), empty where it cannot.
   virtual std::string describe(const std::vector<ProcessUse>& on_device) const noexcept = 0;
 };
 

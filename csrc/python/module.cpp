@@ -7,8 +7,9 @@
 //     is_installed() touch no CUDA; device_count() starts the driver; the rest need a device;
 //   - SimAllocator: the same core over a simulated device, for tests and trace replay (no GPU);
 //     with page_size > 0 the device maps pages, and growable segments are in use by default;
-//   - sharing a GPU with other processes (share_join, share_set_floor, share_status, share_leave_all),
-//     on both: joins the table at a path the package chose (docs/design.md);
+//   - sharing a GPU with other processes (share_join, share_set_floor, share_grant_floor,
+//     share_status, share_leave_all), on both: joins the table at a path the package chose, in a
+//     directory it trusts (docs/design.md); share_table_layout for the tests that forge a table;
 //   - what monitoring reads, on both (existing_devices, device_figures, watch_pressure,
 //     pressure_crossings): nothing of it counts the devices, makes an allocator or starts CUDA.
 // Errors: LimitSpecError -> _C.LimitSpecError (a ValueError with the error's parts); DeviceError
@@ -29,7 +30,7 @@
 #include "core/sizing.h"
 #include "core/limit_spec.h"
 #include "core/pressure.h"
-#include "core/share_client.h"
+#include "sharing/member.h"
 #include "torch/install.h"
 #include "torch/startup.h"
 
@@ -285,6 +286,8 @@ void bind_limits(py::module_& m) {
 
 // The members of shared GPUs' tables, by allocator and device: made by share_join, gone at
 // share_leave_all (the package's atexit), never in a static destructor (CUDA may be gone by then).
+// A forked child's copies are not its members (Note [a forked child is not a member],
+// sharing/table.cpp): it leaves nothing, and never destroys them.
 class Sharing {
  public:
   static Sharing& get() {
@@ -293,21 +296,24 @@ class Sharing {
   }
   void join(CachingAllocator& core, int device, const std::string& path) {
     const std::lock_guard<std::mutex> guard(mutex_);
+    forget_if_forked();
     if (members_.count({&core, device})) return;
     DeviceAllocator& alloc = core.device(device);
     auto member = std::make_unique<Member>(alloc);
-    member->client = std::make_unique<ShareClient>(std::make_unique<ShareTable>(path), member->host, alloc.device_total());
+    member->client = std::make_unique<ShareClient>(path, member->host, alloc.device_total());
     member->client->start();
     alloc.set_share(member->client.get());
     members_[{&core, device}] = std::move(member);
   }
   ShareClient* find(CachingAllocator& core, int device) {
     const std::lock_guard<std::mutex> guard(mutex_);
+    forget_if_forked();
     auto it = members_.find({&core, device});
     return it == members_.end() ? nullptr : it->second->client.get();
   }
   void leave_all(CachingAllocator* only = nullptr) {
     const std::lock_guard<std::mutex> guard(mutex_);
+    forget_if_forked();
     for (auto it = members_.begin(); it != members_.end();) {
       if (only && it->first.first != only) {
         ++it;
@@ -326,7 +332,20 @@ class Sharing {
     DeviceHost host;
     std::unique_ptr<ShareClient> client;
   };
+  // In a forked child: the parent's members are let go of, unmade (their threads are not here),
+  // and the child's allocators stop asking through them.
+  void forget_if_forked() {
+    const int now = static_cast<int>(::getpid());
+    if (now == process_) return;
+    for (auto& [key, member] : members_) {
+      member->alloc.set_share(nullptr);
+      (void)member.release();
+    }
+    members_.clear();
+    process_ = now;
+  }
   std::mutex mutex_;
+  int process_ = static_cast<int>(::getpid());
   std::map<std::pair<const CachingAllocator*, int>, std::unique_ptr<Member>> members_;
 };
 
@@ -338,20 +357,49 @@ ShareClient& member_of(CachingAllocator& core, int device) {
   return *client;
 }
 
+py::dict member_view(const ShareMemberView& o) {
+  return py::dict(py::arg("pid") = o.pid, py::arg("same_pid_namespace") = o.same_pid_namespace,
+                  py::arg("floor") = o.floor, py::arg("reserved") = o.reserved, py::arg("in_use") = o.in_use);
+}
+
 py::object share_status(CachingAllocator& core, int device) {
   ShareClient* client = Sharing::get().find(core, device);
   if (!client) return py::none();
   const ShareStatus s = client->status();
   py::list others;
-  for (const ShareMemberView& o : s.others) {
-    others.append(py::dict(py::arg("pid") = o.pid, py::arg("floor") = o.floor, py::arg("reserved") = o.reserved,
-                           py::arg("in_use") = o.in_use));
-  }
-  return py::dict(py::arg("table") = client->table().path(), py::arg("floor") = s.floor,
+  for (const ShareMemberView& o : s.others) others.append(member_view(o));
+  return py::dict(py::arg("table") = client->table_path(), py::arg("floor") = s.floor,
                   py::arg("ceiling") = s.ceiling == SIZE_MAX ? py::object(py::none()) : py::int_(s.ceiling),
                   py::arg("borrowed") = s.borrowed, py::arg("floor_short") = s.floor_short,
                   py::arg("asks_made") = s.asks_made, py::arg("asks_served") = s.asks_served,
-                  py::arg("given_back") = s.given_back, py::arg("others") = others);
+                  py::arg("given_back") = s.given_back,
+                  py::arg("problem") = s.problem.empty() ? py::object(py::none()) : py::str(s.problem),
+                  py::arg("others") = others);
+}
+
+FloorGrant grant_floor(CachingAllocator& core, int device, std::size_t bytes) {
+  ShareClient& client = member_of(core, device);
+  const py::gil_scoped_release release;
+  return client.set_floor(bytes);
+}
+
+py::dict grant_dict(const FloorGrant& g) {
+  py::list holders;
+  for (const ShareMemberView& o : g.floor_holders) holders.append(member_view(o));
+  return py::dict(py::arg("asked") = g.asked, py::arg("granted") = g.granted, py::arg("short") = g.short_now,
+                  py::arg("floor_holders") = holders);
+}
+
+// What a floor asked for is short of now: what the others' floors left out of the grant, and what
+// their live tensors hold of it.
+std::size_t floor_shortfall(const FloorGrant& g) { return (g.asked - g.granted) + g.short_now; }
+
+py::dict table_layout() {
+  const ShareLayout layout = share_layout();
+  py::dict fields;
+  for (const auto& [name, offset] : layout.fields) fields[py::str(name)] = offset;
+  return py::dict(py::arg("header_bytes") = layout.header_bytes, py::arg("slot_bytes") = layout.slot_bytes,
+                  py::arg("slots") = layout.slots, py::arg("fields") = fields);
 }
 
 template <class Module, class Core>
@@ -361,12 +409,18 @@ void bind_sharing(Module& m, Core core) {
         py::arg("device"), py::arg("path"), Release(),
         "Joins the shared table at `path` for `device` (once; again does nothing). RuntimeError saying why a table "
         "cannot be trusted or opened.");
-  m.def("share_set_floor", [core](int device, std::size_t bytes) { return member_of(core(), device).set_floor(bytes); },
-        py::arg("device"), py::arg("bytes"), Release(),
+  m.def("share_set_floor", [core](int device, std::size_t bytes) { return floor_shortfall(grant_floor(core(), device, bytes)); },
+        py::arg("device"), py::arg("bytes"),
         "Sets the device's floor; returns how much of it cannot be honoured now (0: all of it).");
+  m.def("share_grant_floor", [core](int device, std::size_t bytes) { return grant_dict(grant_floor(core(), device, bytes)); },
+        py::arg("device"), py::arg("bytes"),
+        "Sets the device's floor: {asked, granted (less where the others' floors leave less), short (of granted, "
+        "what the others' live tensors hold now), floor_holders (pid, floor, ... of the others with one)}.");
   m.def("share_status", [core](int device) { return share_status(core(), device); }, py::arg("device"),
         "The device's sharing figures (floor, ceiling, borrowed, floor_short, asks_made, asks_served, given_back, "
         "others), or None where it does not share.");
+  m.def("share_table_layout", &table_layout, "The shared table's layout: header_bytes, slot_bytes, slots, fields "
+        "(name: offset in a slot), for tests that write a table as another process could.");
   m.def("share_leave_all", [core] { Sharing::get().leave_all(&core()); }, Release(),
         "Leaves every table: stops the responders and frees the slots.");
 }
@@ -461,7 +515,9 @@ void bind_sim_allocator(py::module_& m) {
       .def("malloc", &SimAllocator::malloc, py::arg("device"), py::arg("size"), py::arg("stream") = 0)
       .def("share_join", [](SimAllocator& s, int device, const std::string& path) { Sharing::get().join(s.core(), device, path); },
            py::arg("device"), py::arg("path"), py::call_guard<py::gil_scoped_release>())
-      .def("share_set_floor", [](SimAllocator& s, int device, std::size_t bytes) { return member_of(s.core(), device).set_floor(bytes); },
+      .def("share_grant_floor", [](SimAllocator& s, int device, std::size_t bytes) { return grant_dict(grant_floor(s.core(), device, bytes)); },
+           py::arg("device"), py::arg("bytes"))
+      .def("share_set_floor", [](SimAllocator& s, int device, std::size_t bytes) { return floor_shortfall(grant_floor(s.core(), device, bytes)); },
            py::arg("device"), py::arg("bytes"), py::call_guard<py::gil_scoped_release>())
       .def("share_status", [](SimAllocator& s, int device) { return share_status(s.core(), device); }, py::arg("device"))
       .def("share_leave", [](SimAllocator& s) { leave_sharing(s.core()); }, py::call_guard<py::gil_scoped_release>())

@@ -1,5 +1,6 @@
-// What one member of a shared GPU may reserve, given the others' floors (docs/design.md, "Sharing
-// one GPU between processes"). Pure arithmetic, saturating: figures come from a shared file.
+// What one member of a shared GPU may reserve, given the others' floors, and what floor it may be
+// granted (docs/design.md, "Sharing one GPU between processes"). Pure arithmetic, saturating:
+// figures come from a shared file (bounded by the device as they are read, sharing/table.h).
 #pragma once
 
 #include <algorithm>
@@ -25,12 +26,21 @@ inline std::size_t borrowed(std::size_t reserved, std::size_t floor) { return re
 
 inline std::size_t saturating_add(std::size_t a, std::size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
 
+// The floor a member asking for `asked` bytes is granted: what the device leaves after the
+// others' floors (each counted once, as held now), so that floors add up to the device at most.
+inline std::size_t grantable_floor(std::size_t asked, std::size_t total, std::size_t others_floors) {
+  const std::size_t left = others_floors < total ? total - others_floors : 0;
+  return std::min(asked, left);
+}
+
 // Sums the others' claims as the ceiling's rule needs them.
 struct ShareTally {
   std::size_t claims = 0;     // sum of claim_of
   std::size_t reserved = 0;   // sum of the others' reserved
   std::size_t floors_left = 0;  // sum of unreserved_floor
+  std::size_t floors = 0;       // sum of the floors
   void add(const ShareMember& m) {
+    floors = saturating_add(floors, m.floor);
     claims = saturating_add(claims, claim_of(m));
     reserved = saturating_add(reserved, m.reserved);
     floors_left = saturating_add(floors_left, unreserved_floor(m));

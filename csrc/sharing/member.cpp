@@ -1,0 +1,339 @@
+// One process's member of a shared GPU (sharing/member.h): joining, publishing, answering, asking,
+// the shared ceiling and the floors.
+#include "sharing/member.h"
+
+#include <algorithm>
+#include <unistd.h>
+
+#include "core/device_allocator.h"
+#include "core/errors.h"
+
+namespace gpumem {
+
+namespace {
+
+// Whether `served` has reached `wanted` (both wrap at 2^32).
+bool reached(std::uint32_t served, std::uint32_t wanted) { return static_cast<std::int32_t>(served - wanted) >= 0; }
+
+ShareMemberView view_of(const SlotCopy& c) { return {c.pid, c.same_pid_namespace, c.floor, c.reserved, c.in_use}; }
+
+ShareTally tally_of(const std::vector<SlotCopy>& copies) {
+  ShareTally tally;
+  for (const SlotCopy& c : copies) tally.add({c.floor, c.reserved, c.in_use});
+  return tally;
+}
+
+std::string pid_text(const SlotCopy& c) {
+  return "pid " + std::to_string(c.pid) + (c.same_pid_namespace ? "" : " (of another pid namespace)");
+}
+
+}  // namespace
+
+// ---- DeviceHost: the member's calls into its own device ----
+
+std::size_t DeviceHost::reserved() { return device_.reserved(); }
+std::size_t DeviceHost::in_use() {
+  const std::int64_t bytes = device_.stats().allocated_bytes[kAll].current;
+  return bytes > 0 ? static_cast<std::size_t>(bytes) : 0;
+}
+std::size_t DeviceHost::give_back() {
+  const std::size_t before = device_.reserved();
+  device_.empty_cache();
+  const std::size_t after = device_.reserved();
+  return before > after ? before - after : 0;
+}
+void DeviceHost::set_ceiling(std::size_t bytes) { device_.set_shared_ceiling(bytes); }
+std::optional<MemInfo> DeviceHost::mem_info() { return device_.mem_info_outside_capture(); }
+
+// ---- joining ----
+
+ShareClient::ShareClient(const std::string& path, ShareHost& host, std::size_t device_total, ShareOptions options,
+                         std::uint32_t pid)
+    : path_(path),
+      host_(host),
+      total_(device_total),
+      options_(options),
+      pid_(pid != 0 ? pid : static_cast<std::uint32_t>(::getpid())),
+      process_(static_cast<int>(::getpid())) {
+  join();
+}
+
+ShareClient::~ShareClient() {
+  if (forked()) {
+    // A forked child's copy: the responder thread is its parent's, not here to join.
+    if (responder_.joinable()) responder_.detach();
+    return;
+  }
+  stop();
+  const Joined j = joined();
+  j.table->release(j.index);
+}
+
+void ShareClient::join() {
+  auto table = std::make_shared<ShareTable>(path_, options_.lock_wait);
+  const std::uint32_t index = table->claim(pid_);
+  if (index >= ShareTable::kSlots) {
+    throw ShareError("gpumem: sharing: every one of the " + std::to_string(ShareTable::kSlots) + " slots of " + path_ +
+                     " is held by a live process; not sharing");
+  }
+  std::uint32_t asks = 0;
+  table->asks_of(index, asks);
+  answered_.store(asks, std::memory_order_relaxed);
+  {
+    const std::lock_guard<std::mutex> guard(joined_mutex_);
+    joined_ = {std::move(table), index};
+  }
+  publish(joined());
+}
+
+ShareClient::Joined ShareClient::joined() const {
+  const std::lock_guard<std::mutex> guard(joined_mutex_);
+  return joined_;
+}
+
+std::uint32_t ShareClient::slot_index() const { return joined().index; }
+
+void ShareClient::start() {
+  if (responder_.joinable() || forked()) return;
+  stopping_.store(false);
+  responder_ = std::thread([this] { respond_loop(); });
+}
+
+void ShareClient::stop() {
+  if (!responder_.joinable() || forked()) return;
+  stopping_.store(true);
+  const Joined j = joined();
+  j.table->wake(j.index);
+  responder_.join();
+}
+
+// ---- what this member says and follows ----
+
+void ShareClient::publish(const Joined& j) {
+  j.table->publish(j.index, {floor_.load(std::memory_order_relaxed), host_.reserved(), host_.in_use()});
+  j.table->count(j.index, asks_served_.load(std::memory_order_relaxed), given_back_.load(std::memory_order_relaxed),
+                 asks_made_.load(std::memory_order_relaxed));
+}
+
+std::vector<SlotCopy> ShareClient::others(const Joined& j) const {
+  std::vector<SlotCopy> copies;
+  if (!j.table->read_others(j.index, total_, copies)) copies.clear();
+  return copies;
+}
+
+// The ceiling the others' claims leave this member, from the table and a fresh reading of the
+// device (not while a graph may be capturing: the last reading stands), put in the cap.
+std::size_t ShareClient::refresh_ceiling(const Joined& j) {
+  const ShareTally tally = tally_of(others(j));
+  if (const std::optional<MemInfo> mem = host_.mem_info()) {
+    unaccounted_.store(unaccounted(total_, mem->free, host_.reserved(), tally), std::memory_order_relaxed);
+  }
+  const std::size_t ceiling = share_ceiling(total_, unaccounted_.load(std::memory_order_relaxed), tally);
+  if (ceiling != ceiling_.load(std::memory_order_relaxed)) {
+    host_.set_ceiling(ceiling);
+    ceiling_.store(ceiling, std::memory_order_relaxed);
+  }
+  return ceiling;
+}
+
+void ShareClient::follow_now() {
+  if (forked()) return;
+  Joined j = joined();
+  if (std::string why = j.table->damaged(); !why.empty()) {
+    // Note [a table cut under its mapping] (sharing/table.cpp): a fresh table, this slot again.
+    try {
+      join();
+      j = joined();
+      const std::lock_guard<std::mutex> guard(problem_mutex_);
+      problem_.clear();
+    } catch (const std::exception& error) {
+      {
+        const std::lock_guard<std::mutex> guard(problem_mutex_);
+        problem_ = path_ + " " + why + ", and no fresh table could be joined (" + error.what() +
+                   "): this process is alone until one can";
+      }
+      if (ceiling_.exchange(SIZE_MAX) != SIZE_MAX) host_.set_ceiling(SIZE_MAX);
+      return;
+    }
+  }
+  const std::lock_guard<std::mutex> guard(answering_);
+  std::uint32_t asks = 0;
+  // This process's own record says what it answered: a `served` written ahead by another process
+  // cannot silence it.
+  const bool asked = j.table->asks_of(j.index, asks) && asks != answered_.load(std::memory_order_relaxed);
+  if (asked) {
+    given_back_.fetch_add(host_.give_back(), std::memory_order_relaxed);
+    asks_served_.fetch_add(1, std::memory_order_relaxed);
+  }
+  publish(j);
+  refresh_ceiling(j);
+  if (asked) {  // last: an asker that sees the answer sees the figures and the ceiling that follow it
+    j.table->mark_served(j.index, asks);
+    answered_.store(asks, std::memory_order_relaxed);
+  }
+}
+
+// The responder: answers requests, publishes its figures and follows the others' floors. What the
+// device allocator throws here (a broken driver) must not end the process: it is dropped, and the
+// next round tries again.
+void ShareClient::respond_loop() {
+  while (!stopping_.load()) {
+    try {
+      const Joined j = joined();
+      std::uint32_t asks = 0;
+      if (j.table->asks_of(j.index, asks) && asks == answered_.load(std::memory_order_relaxed)) {
+        j.table->wait_for_ask(j.index, asks, options_.poll);
+      }
+      if (stopping_.load()) break;
+      follow_now();
+    } catch (...) {
+      std::this_thread::sleep_for(options_.poll);
+    }
+  }
+}
+
+// ---- asking ----
+
+void ShareClient::ask(std::size_t) noexcept {
+  try {
+    ask_others();
+  } catch (...) {
+    // Nothing was given back: the request fails as it would have alone.
+  }
+}
+
+bool ShareClient::ask_others() {
+  if (forked()) return false;
+  const Joined j = joined();
+  const std::vector<SlotCopy> copies = others(j);
+  asks_made_.fetch_add(1, std::memory_order_relaxed);
+  struct Asked {
+    std::uint32_t index;
+    std::uint32_t wanted;
+  };
+  std::vector<Asked> waited;
+  {
+    const std::lock_guard<std::mutex> guard(slow_mutex_);
+    for (const SlotCopy& c : copies) {
+      std::uint32_t wanted = 0;
+      if (!j.table->ask(c.index, wanted)) continue;
+      // A member that let an earlier ask time out is not waited for again until it answered that
+      // one: a stopped or silent process costs one wait, not one a request.
+      const auto slow = std::find_if(slow_.begin(), slow_.end(), [&](const auto& s) { return s.first == c.index; });
+      if (slow != slow_.end() && !reached(c.served, slow->second)) continue;
+      if (slow != slow_.end()) slow_.erase(slow);
+      waited.push_back({c.index, wanted});
+    }
+  }
+  publish(j);
+  if (copies.empty()) return false;
+  const auto deadline = std::chrono::steady_clock::now() + options_.ask_wait;
+  for (;;) {
+    std::vector<Asked> unanswered;
+    for (const Asked& a : waited) {
+      std::uint32_t served = 0;
+      // An answer, or a member that went away (its memory went with it), ends the wait for it.
+      if (!j.table->owned_by_another(a.index)) continue;
+      if (j.table->served(a.index, served) && reached(served, a.wanted)) continue;
+      unanswered.push_back(a);
+    }
+    if (unanswered.empty()) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      const std::lock_guard<std::mutex> guard(slow_mutex_);
+      for (const Asked& a : unanswered) slow_.emplace_back(a.index, a.wanted);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  refresh_ceiling(j);
+  return true;
+}
+
+// ---- floors ----
+
+// Granted under the table's lock, from what the others' floors leave: two floors asked at once
+// are granted one after the other, and add up to the device at most.
+FloorGrant ShareClient::set_floor(std::size_t bytes) {
+  FloorGrant grant;
+  grant.asked = bytes;
+  const Joined j = joined();
+  j.table->exclusively([&] {
+    std::size_t floors = 0;
+    for (const SlotCopy& c : others(j)) {
+      floors = saturating_add(floors, c.floor);
+      if (c.floor > 0) grant.floor_holders.push_back(view_of(c));
+    }
+    grant.granted = grantable_floor(bytes, total_, floors);
+    floor_.store(grant.granted, std::memory_order_relaxed);
+    publish(j);
+  });
+  // The others answer with fresh figures, and their free cache first goes back for the floor.
+  if (grant.granted > 0) ask_others();
+  const ShareTally tally = tally_of(others(j));
+  if (const std::optional<MemInfo> mem = host_.mem_info()) {
+    unaccounted_.store(unaccounted(total_, mem->free, host_.reserved(), tally), std::memory_order_relaxed);
+  }
+  const std::size_t room =
+      std::max(host_.reserved(), share_room(total_, unaccounted_.load(std::memory_order_relaxed), tally));
+  grant.short_now = grant.granted > room ? grant.granted - room : 0;
+  return grant;
+}
+
+ShareStatus ShareClient::status() {
+  ShareStatus s;
+  s.floor = floor();
+  s.ceiling = ceiling_.load(std::memory_order_relaxed);
+  const std::size_t reserved = host_.reserved();
+  s.borrowed = borrowed(reserved, s.floor);
+  const std::vector<SlotCopy> copies = forked() ? std::vector<SlotCopy>{} : others(joined());
+  // What this member holds already is honoured, whatever a stale figure of another says.
+  const std::size_t room =
+      std::max(reserved, share_room(total_, unaccounted_.load(std::memory_order_relaxed), tally_of(copies)));
+  s.floor_short = s.floor > room ? s.floor - room : 0;
+  s.asks_made = asks_made_.load(std::memory_order_relaxed);
+  s.asks_served = asks_served_.load(std::memory_order_relaxed);
+  s.given_back = given_back_.load(std::memory_order_relaxed);
+  {
+    const std::lock_guard<std::mutex> guard(problem_mutex_);
+    s.problem = problem_;
+  }
+  for (const SlotCopy& c : copies) s.others.push_back(view_of(c));
+  return s;
+}
+
+// The members of the table by pid, then the processes the driver lists that are not members
+// (native PyTorch, another user's or another table's): those could not be asked, and are named
+// with what they hold. Where the driver lists none, what no member accounts for is one figure.
+std::string ShareClient::describe(const std::vector<ProcessUse>& on_device) const noexcept {
+  try {
+    if (forked()) return "";
+    const Joined j = joined();
+    std::string text = " Sharing the GPU (" + path_ + "): the others' floors and live tensors leave this process " +
+                       format_bytes(ceiling_.load()) + ";";
+    std::vector<std::uint32_t> members{pid_};
+    const std::vector<SlotCopy> copies = others(j);
+    for (const SlotCopy& o : copies) {
+      members.push_back(o.pid);
+      text += " " + pid_text(o) + " reserves " + format_bytes(o.reserved) + " (" + format_bytes(o.in_use) +
+              " in use, floor " + format_bytes(o.floor) + ", asked);";
+    }
+    if (copies.empty()) text += " no other gpumem process;";
+    std::string not_asked;
+    for (const ProcessUse& p : on_device) {
+      if (std::find(members.begin(), members.end(), p.pid) != members.end()) continue;
+      not_asked += " pid " + std::to_string(p.pid) + " holds " + format_bytes(p.bytes) + ";";
+    }
+    if (!not_asked.empty()) {
+      text += " not in this table, so not asked (native PyTorch, other users' or other tables' processes, as the "
+              "driver lists them):" + not_asked;
+    }
+    text += " " + format_bytes(unaccounted_.load()) +
+            " is held outside every gpumem process of this table (CUDA contexts, native PyTorch or other users' "
+            "processes: these could not be asked).";
+    return text;
+  } catch (...) {
+    return "";
+  }
+}
+
+}  // namespace gpumem
