@@ -372,7 +372,7 @@ py::object share_status(CachingAllocator& core, int device) {
                   py::arg("ceiling") = s.ceiling == SIZE_MAX ? py::object(py::none()) : py::int_(s.ceiling),
                   py::arg("borrowed") = s.borrowed, py::arg("floor_short") = s.floor_short,
                   py::arg("asks_made") = s.asks_made, py::arg("asks_served") = s.asks_served,
-                  py::arg("given_back") = s.given_back,
+                  py::arg("given_back") = s.given_back, py::arg("asks_timed_out") = s.asks_timed_out,
                   py::arg("problem") = s.problem.empty() ? py::object(py::none()) : py::str(s.problem),
                   py::arg("others") = others);
 }

@@ -239,6 +239,7 @@ bool ShareClient::ask_others() {
     }
     if (unanswered.empty()) break;
     if (std::chrono::steady_clock::now() >= deadline) {
+      asks_timed_out_.fetch_add(1, std::memory_order_relaxed);
       const std::lock_guard<std::mutex> guard(slow_mutex_);
       for (const Asked& a : unanswered) slow_.emplace_back(a.index, a.wanted);
       break;
@@ -293,6 +294,7 @@ ShareStatus ShareClient::status() {
   s.asks_made = asks_made_.load(std::memory_order_relaxed);
   s.asks_served = asks_served_.load(std::memory_order_relaxed);
   s.given_back = given_back_.load(std::memory_order_relaxed);
+  s.asks_timed_out = asks_timed_out_.load(std::memory_order_relaxed);
   {
     const std::lock_guard<std::mutex> guard(problem_mutex_);
     s.problem = problem_;

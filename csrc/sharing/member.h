@@ -78,6 +78,7 @@ struct ShareStatus {
   std::uint64_t asks_made = 0;     // requests this process made of the others
   std::uint64_t asks_served = 0;   // the others' requests it answered
   std::uint64_t given_back = 0;    // bytes it released on request
+  std::uint64_t asks_timed_out = 0;  // its requests that some member let pass the wait unanswered
   std::string problem;             // "" while the table is whole; else why this member is alone now
   std::vector<ShareMemberView> others;
 };
@@ -146,7 +147,7 @@ class ShareClient final : public ShareHooks {
   std::atomic<std::size_t> floor_{0};
   std::atomic<std::size_t> unaccounted_{0};
   std::atomic<std::size_t> ceiling_{SIZE_MAX};
-  std::atomic<std::uint64_t> asks_made_{0}, asks_served_{0}, given_back_{0};
+  std::atomic<std::uint64_t> asks_made_{0}, asks_served_{0}, given_back_{0}, asks_timed_out_{0};
   std::atomic<bool> stopping_{false};
   std::thread responder_;
   std::mutex answering_;  // the responder and follow_now answer one at a time

@@ -73,18 +73,27 @@ bool guarded(F&& access) {
 }
 
 // ---- Note [a forked child is not a member] ----
-// A child made by fork() inherits the table's descriptor, and with it the locks that say its
-// parent owns a slot: the slot would outlive the parent as long as the child lives. After fork the
-// child's copy of each table's descriptor is pointed at /dev/null, so only the parent holds the
-// locks; the child's copies of the handles and members do nothing (they check opened_by_).
+// A child made by fork() inherits the table's descriptor and mapping, and with them the file
+// description whose locks say its parent owns a slot: the slot would outlive the parent as long
+// as the child lives. After fork the child's copy of each table's mapping is replaced by private
+// memory and its descriptor pointed at /dev/null, so only the parent holds the file; the child's
+// copies of the handles and members do nothing (they check the pid that made them).
 constexpr int kForkSlots = 256;
-std::atomic<int> g_table_fds[kForkSlots];  // descriptor + 1; 0: none
+struct Registered {
+  std::atomic<int> fd_plus_one{0};  // 0: a free entry
+  std::atomic<void*> map{nullptr};
+  std::atomic<std::size_t> bytes{0};
+};
+Registered g_tables[kForkSlots];
 
 void after_fork_in_child() {
   const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  for (std::atomic<int>& entry : g_table_fds) {
-    const int stored = entry.exchange(0);
-    if (stored == 0) continue;
+  for (Registered& entry : g_tables) {
+    const int stored = entry.fd_plus_one.exchange(0);
+    if (stored <= 0) continue;
+    if (void* map = entry.map.load()) {
+      ::mmap(map, entry.bytes.load(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    }
     if (null_fd < 0 || ::dup3(null_fd, stored - 1, O_CLOEXEC) < 0) ::close(stored - 1);
   }
   if (null_fd >= 0) ::close(null_fd);
@@ -102,17 +111,21 @@ void install_process_handlers() {
   });
 }
 
-void remember_fd(int fd) {
-  for (std::atomic<int>& entry : g_table_fds) {
+void remember(int fd, void* map, std::size_t bytes) {
+  for (Registered& entry : g_tables) {
     int none = 0;
-    if (entry.compare_exchange_strong(none, fd + 1)) return;
+    if (!entry.fd_plus_one.compare_exchange_strong(none, -1)) continue;  // -1: being filled
+    entry.map.store(map);
+    entry.bytes.store(bytes);
+    entry.fd_plus_one.store(fd + 1);
+    return;
   }
 }
 
-void forget_fd(int fd) {
-  for (std::atomic<int>& entry : g_table_fds) {
+void forget(int fd) {
+  for (Registered& entry : g_tables) {
     int mine = fd + 1;
-    if (entry.compare_exchange_strong(mine, 0)) return;
+    if (entry.fd_plus_one.compare_exchange_strong(mine, 0)) return;
   }
 }
 
@@ -166,12 +179,12 @@ ShareTable::ShareTable(const std::string& path, std::chrono::milliseconds lock_w
     if (fd_ >= 0) ::close(fd_);
     throw;
   }
-  remember_fd(fd_);
+  remember(fd_, map_, bytes_);
 }
 
 ShareTable::~ShareTable() {
   if (static_cast<int>(::getpid()) != opened_by_) return;  // a forked child's copy: Note [a forked child is not a member]
-  forget_fd(fd_);
+  forget(fd_);
   if (map_) ::munmap(map_, bytes_);
   if (fd_ >= 0) ::close(fd_);  // frees every slot this handle owned
 }

@@ -46,13 +46,16 @@ struct Member {
   std::unique_ptr<ShareClient> share;
 
   Member(SharedDevice& device, const std::string& table, std::optional<std::size_t> limit = std::nullopt,
-         std::uint32_t pid = 0)
+         std::uint32_t pid = 0, ShareOptions options = test_options())
       : backend(device), alloc(backend, 0, config_of(limit)), host(alloc) {
+    share = std::make_unique<ShareClient>(table, host, device.capacity, options, pid);
+    alloc.set_share(share.get());
+  }
+  static ShareOptions test_options() {
     ShareOptions options;
     options.ask_wait = std::chrono::milliseconds(20000);  // ends at the answers: a bound, not a pace
     options.poll = std::chrono::milliseconds(5);
-    share = std::make_unique<ShareClient>(table, host, device.capacity, options, pid);
-    alloc.set_share(share.get());
+    return options;
   }
   ~Member() {
     share->stop();
@@ -376,9 +379,12 @@ TEST_CASE("sharing: the others stop short of a floor not yet used, and its owner
     }
   });
   CHECK(oom.info.kind == OomKind::kOverLimit);  // the ceiling, not the device, refused
+  CHECK(oom.info.neighbours);                   // and says the others' floor, not the limit, did
   CHECK(t.alloc.reserved() == 120 * GiB);       // 140 less S's floor
   CHECK(grown == 120 * GiB);
   CHECK_THAT(oom.message, Catch::Contains("floor 20.00 GiB"));
+  CHECK_THAT(oom.message, Catch::Contains("raising it cannot help"));
+  CHECK_THAT(oom.message, !Catch::Contains("raise it with gpumem.set_limit()"));
   Block* rest = s.alloc.malloc(18 * GiB, kStream0);  // up to its floor
   CHECK(rest->allocated);
   CHECK(used->allocated);
@@ -457,6 +463,129 @@ TEST_CASE("sharing: the hard cap stays exact and the members never hold more tha
   CHECK(device.peak.load() <= device.capacity);
   a.alloc.check_invariants();
   b.alloc.check_invariants();
+}
+
+TEST_CASE("sharing: while a request asks the others, the rest of its process allocates and frees as usual") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(8 * GiB);
+  ShareOptions bounded = Member::test_options();
+  bounded.ask_wait = std::chrono::milliseconds(3000);
+  Member a(device, dir.table(), std::nullopt, 0, bounded);
+  Member silent(device, dir.table());  // no responder: it never answers
+  silent.alloc.free(silent.alloc.malloc(6 * GiB, kStream0));
+  a.alloc.free(a.alloc.malloc(512 * MiB, kStream1));  // cached on another stream
+  ShareTable watcher(dir.table());
+  const std::uint32_t silent_slot = silent.share->slot_index();
+  std::atomic<bool> ended{false};
+  std::thread asker([&] {
+    try {
+      a.alloc.malloc(4 * GiB, kStream0);  // the device refuses: the silent member is asked
+    } catch (const OutOfMemoryError&) {
+    }
+    ended = true;
+  });
+  for (bool asked = false; !asked;) {
+    std::vector<SlotCopy> seen;
+    watcher.read_others(ShareTable::kSlots, 8 * GiB, seen);
+    for (const SlotCopy& c : seen) asked = asked || (c.index == silent_slot && c.asks != c.served);
+  }
+  Block* cached = a.alloc.malloc(512 * MiB, kStream1);  // its lane, or the whole device
+  a.alloc.free(cached);
+  Block* fresh = a.alloc.malloc(256 * MiB, kStream2);  // new memory: the whole device
+  a.alloc.free(fresh);
+  CHECK_FALSE(ended.load());  // all of it done while the ask still waits for the silent member
+  asker.join();
+  CHECK(a.share->status().asks_timed_out == 1);
+}
+
+TEST_CASE("sharing: two members asking each other at once both end, neither waiting out the bound") {
+  for (int round = 0; round < 8; ++round) {
+    TempDir dir;
+    SharedDevice& device = SharedDevice::make(10 * GiB);
+    Member a(device, dir.table()), b(device, dir.table());
+    a.share->start();
+    b.share->start();
+    Block* a_live = a.alloc.malloc(6 * GiB, kStream0);
+    Block* b_live = b.alloc.malloc(3 * GiB, kStream0);
+    b.alloc.free(b.alloc.malloc(1 * GiB, kStream0));  // 1 GiB of b's cache: the device is full
+    std::atomic<int> ready{0};
+    auto request = [&](Member& m) {
+      ++ready;
+      while (ready.load() < 2) {}
+      try {
+        m.alloc.free(m.alloc.malloc(2 * GiB, kStream1));
+      } catch (const OutOfMemoryError& error) {
+        CHECK(error.info().kind == OomKind::kDeviceFull);
+      }
+    };
+    std::thread ta([&] { request(a); }), tb([&] { request(b); });
+    ta.join();
+    tb.join();
+    // Each was answered: an ask that held its own device while the other's answer needed it would
+    // have waited out the bound (20 s here) and counted it.
+    CHECK(a.share->status().asks_timed_out == 0);
+    CHECK(b.share->status().asks_timed_out == 0);
+    CHECK(a_live->allocated);
+    CHECK(b_live->allocated);
+    CHECK(device.peak.load() <= device.capacity);
+  }
+}
+
+TEST_CASE("sharing: floors add up: a second floor gets what the first leaves, and is told who holds it") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(8 * GiB);
+  Member a(device, dir.table(), std::nullopt, 1111), b(device, dir.table(), std::nullopt, 2222);
+  a.share->start();
+  b.share->start();
+  CHECK(a.share->set_floor(6 * GiB).granted == 6 * GiB);
+  const FloorGrant grant = b.share->set_floor(6 * GiB);
+  CHECK(grant.asked == 6 * GiB);
+  CHECK(grant.granted == 2 * GiB);
+  REQUIRE(grant.floor_holders.size() == 1);
+  CHECK(grant.floor_holders[0].pid == 1111);
+  CHECK(grant.floor_holders[0].floor == 6 * GiB);
+  CHECK(b.share->floor() == 2 * GiB);
+  Block* fa = a.alloc.malloc(6 * GiB, kStream0);  // both floors can be used at once
+  Block* fb = b.alloc.malloc(2 * GiB, kStream0);
+  CHECK(fa->allocated);
+  CHECK(fb->allocated);
+  CHECK(device.peak.load() <= device.capacity);
+}
+
+TEST_CASE("sharing: a writer cannot silence a member by answering for it, nor erase its floor for good") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(8 * GiB);
+  Member a(device, dir.table()), b(device, dir.table());
+  a.share->set_floor(1 * GiB);
+  a.alloc.free(a.alloc.malloc(4 * GiB, kStream0));  // cache to give back
+  a.share->start();
+  const ShareLayout layout = share_layout();
+  auto field = [&](const char* name) {
+    for (const auto& [n, offset] : layout.fields) {
+      if (n == name) return layout.header_bytes + a.share->slot_index() * layout.slot_bytes + offset;
+    }
+    FAIL("no field " << name);
+    return std::size_t{0};
+  };
+  const int fd = ::open(dir.table().c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  std::uint32_t asks = 0;
+  REQUIRE(::pread(fd, &asks, 4, static_cast<off_t>(field("asks"))) == 4);
+  const std::uint32_t ahead = asks + 100;
+  REQUIRE(::pwrite(fd, &ahead, 4, static_cast<off_t>(field("served"))) == 4);
+  b.share->ask_others();
+  for (int i = 0; i < 20000 && a.alloc.reserved() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(a.alloc.reserved() == 0);  // it answered: its cache went back
+  CHECK(a.share->status().given_back == 4 * GiB);
+  const std::uint64_t zero = 0;
+  REQUIRE(::pwrite(fd, &zero, 8, static_cast<off_t>(field("floor"))) == 8);
+  std::uint64_t floor = 0;
+  for (int i = 0; i < 20000 && floor != 1 * GiB; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    REQUIRE(::pread(fd, &floor, 8, static_cast<off_t>(field("floor"))) == 8);
+  }
+  CHECK(floor == 1 * GiB);  // its owner wrote it again
+  ::close(fd);
 }
 
 // ---- the protocol, forked processes ----
@@ -556,6 +685,52 @@ TEST_CASE("sharing across processes: a process killed while it is asked blocks n
   CHECK(b.share->status().others.empty());
   Block* all = b.alloc.malloc(79 * GiB, kStream0);  // the dead floor no longer holds 10 GiB back
   CHECK(all->allocated);
+}
+
+TEST_CASE("sharing across processes: a forked child is not a member: its exit leaves its parent's slot, and the parent's death frees it while the child lives") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(8 * GiB);
+  Pipe ready, sleeper_pid;
+  const pid_t parent = ::fork();
+  REQUIRE(parent >= 0);
+  if (parent == 0) {
+    Member p(device, dir.table());
+    p.share->start();
+    p.share->set_floor(2 * GiB);
+    const pid_t leaving = ::fork();
+    if (leaving == 0) {
+      p.alloc.set_share(nullptr);
+      p.share.reset();  // the child's copy goes, as at its normal exit
+      ::_exit(0);
+    }
+    int status = 0;
+    ::waitpid(leaving, &status, 0);
+    const pid_t sleeper = ::fork();
+    if (sleeper == 0) {
+      ::pause();
+      ::_exit(0);
+    }
+    (void)!::write(sleeper_pid.fd[1], &sleeper, sizeof sleeper);
+    ready.say('r');
+    ::pause();
+    ::_exit(0);
+  }
+  ready.hear();
+  pid_t sleeper = 0;
+  REQUIRE(::read(sleeper_pid.fd[0], &sleeper, sizeof sleeper) == sizeof sleeper);
+  ShareTable watcher(dir.table());
+  std::vector<SlotCopy> seen;
+  REQUIRE(watcher.read_others(ShareTable::kSlots, 8 * GiB, seen));
+  REQUIRE(seen.size() == 1);  // the parent, after its child left
+  CHECK(seen[0].pid == static_cast<std::uint32_t>(parent));
+  CHECK(seen[0].floor == 2 * GiB);
+  ::kill(parent, SIGKILL);
+  int status = 0;
+  ::waitpid(parent, &status, 0);
+  CHECK(::kill(sleeper, 0) == 0);  // the child that inherited its descriptors lives on
+  REQUIRE(watcher.read_others(ShareTable::kSlots, 8 * GiB, seen));
+  CHECK(seen.empty());
+  ::kill(sleeper, SIGKILL);
 }
 
 }  // namespace
