@@ -106,7 +106,7 @@ class Cap {
   }
   // What reserved may grow to: the hard budget, or less where sharing the GPU leaves less.
   std::size_t budget() const { return std::min(hard_budget(), ceiling_.load(std::memory_order_relaxed)); }
-  // What the other processes sharing the GPU leave this one (core/share_policy.h); SIZE_MAX: no sharing.
+  // What the other processes sharing the GPU leave this one (sharing/policy.h); SIZE_MAX: no sharing.
   void set_ceiling(std::size_t bytes) { ceiling_.store(bytes, std::memory_order_relaxed); }
   // Reserved and outside, as the limit measures them (saturating: both are at most 2^64 - 1).
   std::size_t counted() const {

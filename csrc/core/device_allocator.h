@@ -114,7 +114,7 @@ class DeviceAllocator {
   OutsideSource outside_source() const { return core_.scope_.source(); }
   // Counts crossings of `share` of the limit in watch slot `slot` (core/pressure.h).
   void watch_pressure(int slot, double share);
-  // Sharing the GPU (core/share_client.h): the hooks, and the ceiling the others' floors leave,
+  // Sharing the GPU (sharing/member.h): the hooks, and the ceiling the others' floors leave,
   // released down to as a lowered limit is. The hooks must outlive the allocator or be unset.
   void set_share(ShareHooks* share);
   void set_shared_ceiling(std::size_t bytes);
