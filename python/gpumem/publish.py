@@ -1,17 +1,18 @@
 """Each gpumem process's figures in a small file, for `gpumem top` (gpumem.top) to read: the
 writer. What a file holds, and reading it back, are gpumem.published's.
 
-    /tmp/gpumem-1000/4242.json
+    /tmp/gpumem-1000/4242-9f3a61c0b27de845.json
 
 Where. The run directory: GPUMEM_RUN_DIR, else /tmp/gpumem-<uid>, made 0700 by the first process
 that publishes. /tmp because it is there in every process (batch jobs, services and containers
 have no XDG_RUNTIME_DIR, and /run/user/<uid> goes at logout, with a job still running), and one
 pattern lets `gpumem top`, run as root, find every user's directory. Not $TMPDIR, which schedulers
-set per job: the jobs would not see each other. The default directory must be this user's own and
-private (not a link, no access for others): one that another user made first is refused, so no one
-else can plant or read the files. A GPUMEM_RUN_DIR is used as it is (an administrator may share one
-with containers), unless users besides its owner may write to it and it is not sticky
-(shared_dir_problem); it is made 0700 if missing. Files are 0600.
+set per job: the jobs would not see each other. Whether a directory is trusted is
+published.run_dir_problem's (Note [trusting a run directory] there): the default one must be this
+user's own and private, so no one else can plant or read the files; a GPUMEM_RUN_DIR is used as it
+is (an administrator may share one with containers), unless users besides its owner may write to
+it and it is not sticky. It is made 0700 if missing. Files are 0600, under a name with a random
+part that nobody can take first (Note [names nobody can take first] there).
 
 When. A daemon thread, `gpumem-publish`, started when the process first initializes CUDA (as the
 metrics endpoint, gpumem._monitoring: a launcher or a DataLoader worker publishes nothing), wakes
@@ -38,40 +39,35 @@ import atexit
 import contextlib
 import json
 import os
-import stat
+import secrets
 import sys
 import tempfile
 import threading
 import time
 from typing import Callable, Optional
 
-from gpumem import _C, _figures, _proc, metrics
+from gpumem import _C, _figures, _proc, metrics, published
 from gpumem._words import relayed, shown_path
 # What a file holds and where it goes, the reader's to check as much as the writer's, are defined there.
-from gpumem.published import FORMAT, RunDir, shared_dir_problem
+from gpumem.published import FORMAT, NAME_RANDOM_DIGITS, PUBLISH, RunDir, file_name
 
 PUBLISH_SECONDS = 1.0
 HEARTBEAT_SECONDS = 10.0
 _TURN_OFF = "GPUMEM_PUBLISH=0 turns publishing off"
 
 
-def prepare(run_dir: RunDir) -> None:
-    """Makes the directory (0700) if it is missing; OSError if it cannot be used."""
+def prepare(run_dir: RunDir, use: str = PUBLISH) -> None:
+    """Makes the directory (0700) if it is missing; PermissionError saying why if it cannot be
+    trusted for `use` (published.PUBLISH, or SHARE for a sharing table), OSError if it cannot be
+    made."""
     if run_dir.chosen:
         os.makedirs(run_dir.path, 0o700, exist_ok=True)
-        if not os.access(run_dir.path, os.W_OK | os.X_OK):
-            raise PermissionError(f"{shown_path(run_dir.path)} is not writable by this user")
-        problem = shared_dir_problem(os.stat(run_dir.path))
-        if problem is not None:
-            raise PermissionError(f"{shown_path(run_dir.path)} {problem}")
-        return
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(run_dir.path, 0o700)
-    info = os.lstat(run_dir.path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        raise PermissionError(f"{shown_path(run_dir.path)} is not a private directory of this user (owner uid "
-                              f"{info.st_uid}, mode {stat.filemode(info.st_mode)}): remove it, or set "
-                              "GPUMEM_RUN_DIR")
+    else:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(run_dir.path, 0o700)
+    problem = published.run_dir_problem(run_dir, use)
+    if problem is not None:
+        raise PermissionError(f"{shown_path(run_dir.path)} {problem}")
 
 
 # ---- writing --------------------------------------------------------------------------------------
@@ -106,7 +102,8 @@ def device_figures(source, fixed: Callable[[int], dict]) -> list[dict]:
 
 
 class Publisher:
-    """Keeps <run dir>/<pid>.json up to date with one process's figures (see the module's docstring).
+    """Keeps <run dir>/<pid>-<random>.json up to date with one process's figures (see the module's
+    docstring).
 
     `source`: gpumem._C (the process's allocator) by default, or anything with its existing_devices()
     and device_figures(device, device_memory), such as a SimAllocator.
@@ -119,7 +116,8 @@ class Publisher:
                  clock: Callable[[], float] = time.monotonic):
         self.run_dir = run_dir
         self.identity = own_identity() if identity is None else identity
-        self.path = os.path.join(run_dir.path, f"{self.identity['pid']}.json")
+        random_part = secrets.token_hex(NAME_RANDOM_DIGITS // 2)
+        self.path = os.path.join(run_dir.path, file_name(self.identity["pid"], random_part))
         self.owner = os.getpid()  # a forked child neither writes nor removes its parent's file
         self._source = _C if source is None else source
         self._uuid_of = _torch_uuid if uuid_of is None else uuid_of

@@ -1,7 +1,9 @@
 """The files gpumem processes publish for `gpumem top` (gpumem.publish writes them): where they
 are, what they hold, and reading them back, every file taken as hostile.
 
-A file is <run dir>/<pid>.json, at most MAX_FILE_BYTES, of FORMAT:
+A file is <run dir>/<pid>-<16 hex digits>.json (the digits random, so that nobody can take the name
+first: Note [names nobody can take first]; an older gpumem's <pid>.json is read too), at most
+MAX_FILE_BYTES, of FORMAT:
 
     {"format": 1, "pid": 4242, "start_time": 81234567, "pid_namespace": "pid:[4026531836]",
      "job": "bert", "devices": [{"index": 0, "uuid": "5e4f...", "device_total": 150...,
@@ -15,10 +17,38 @@ says (reserved is the cap's: Note [which reserved] there). "scope" is what the l
 outside gpumem counted against it (0 under "allocator"); a file without them, or without the
 sharing figures (an older gpumem's), reads as "allocator" and 0.
 
-The run directories (default_run_dir, GPUMEM_RUN_DIR) and why they are trusted are in
-gpumem.publish; `gpumem top` reads a directory others may write to only when it is sticky
-(shared_dir_problem), and each file only after the checks below: a regular file (no FIFO, no
-link), its pid the one its name says, every figure a whole number in range, every text short.
+The run directories are the default one (/tmp/gpumem-<uid>) or GPUMEM_RUN_DIR's; whether one is
+trusted, to read, to publish in or to hold a sharing table, is run_dir_problem's alone (Note
+[trusting a run directory]). `gpumem top` reads each file only after the checks below: a regular
+file (no FIFO, no link), its pid the one its name says, every figure a whole number in range,
+every text short.
+
+Note [trusting a run directory]
+  One rule, run_dir_problem, for every use of a run directory: `gpumem top` reading it (READ),
+  a process publishing its figures in it (PUBLISH, gpumem.publish) and the tables of GPUs shared
+  with other processes (SHARE, gpumem.sharing; the compiled layer opens the table where it is told).
+    READ     a directory. One that users besides its owner may write to must be sticky, as /tmp
+             is: without the bit any of them could remove or replace a process's files. A default
+             directory (gpumem-<uid>) must belong to the uid its name says, and not be a link: one
+             made by someone else is a plant, never read.
+    PUBLISH  READ's, and this user may write to it. The default directory, which any user could
+             have made first under /tmp, must also be this user's own and private (no access for
+             group or others). A GPUMEM_RUN_DIR is used as it is otherwise: an administrator may
+             share one, sticky, with containers and users.
+    SHARE    PUBLISH's, and the directory belongs to this user and nobody else may write to it,
+             sticky or not: every member maps the table and writes its slot, and a user who could
+             create files there could take the table's name first (the compiled layer then refuses
+             the file, and nobody shares) or, as the directory's owner, replace the table.
+  A link given as GPUMEM_RUN_DIR is followed: the directory it leads to is what is checked.
+
+Note [names nobody can take first]
+  In a directory shared by several users (sticky, as /tmp), a name is whoever's creates it first.
+  A name another user can predict (<pid>.json) they can create before the process publishes, and
+  the process then cannot (a sticky directory forbids renaming over another user's file). So each
+  publisher picks its name once, with 64 random bits: <pid>-<random>.json, and its temporary file
+  is made with a random name by mkstemp (O_EXCL). The pid in the name is what `gpumem top` checks
+  the file's content against; a stale file is told by its pid and start time, as before, never by
+  its name alone.
 """
 from __future__ import annotations
 
@@ -42,8 +72,11 @@ MAX_FILE_BYTES = 1 << 16  # a file holds a few hundred bytes per device
 MAX_FILES = 4096  # per run directory, read by `gpumem top`
 MAX_DEVICES = 64
 _MAX_TEXT = 128  # a job name (metrics cuts it there), a namespace, a UUID
-NAME = re.compile(r"([0-9]{1,10})\.json")
-TEMPORARY = re.compile(r"\.[0-9]{1,10}\.json\..*\.tmp")  # what gpumem.publish.write_atomically leaves
+NAME_RANDOM_DIGITS = 16  # hex: 64 bits (Note [names nobody can take first])
+_RANDOM_PART = f"(?:-[0-9a-f]{{{NAME_RANDOM_DIGITS}}})?"  # absent from an older gpumem's names
+NAME = re.compile(rf"([0-9]{{1,10}}){_RANDOM_PART}\.json")
+TEMPORARY = re.compile(rf"\.[0-9]{{1,10}}{_RANDOM_PART}\.json\..*\.tmp")  # what publish.write_atomically leaves
+READ, PUBLISH, SHARE = "read", "publish", "share"  # the uses of a run directory (run_dir_problem)
 _DEFAULT_DIR = re.compile(r"gpumem-([0-9]{1,10})")
 
 
@@ -59,12 +92,47 @@ def default_run_dir() -> RunDir:
     return RunDir(os.path.join(RUN_DIR_BASE, f"gpumem-{os.geteuid()}"))
 
 
-def shared_dir_problem(info: os.stat_result) -> Optional[str]:
-    """Why a run directory with this stat cannot be trusted, or None: one that users besides its owner
-    may write to must be sticky (as /tmp is), or they could remove and replace each other's files.
-    See Note [whose figures] in gpumem.top."""
+def file_name(pid: int, random_part: str) -> str:
+    """The name of a process's figures file (Note [names nobody can take first])."""
+    return f"{pid}-{random_part}.json"
+
+
+def run_dir_problem(run_dir: RunDir, use: str) -> Optional[str]:
+    """Why `run_dir` cannot be trusted for `use` (READ, PUBLISH or SHARE), or None: the one rule,
+    Note [trusting a run directory]. OSError if it cannot be looked at (FileNotFoundError: missing)."""
+    info = os.stat(run_dir.path) if run_dir.chosen else os.lstat(run_dir.path)
+    problem = _not_its_users(run_dir, info) or _open_to_others(info)
+    if problem is not None or use == READ:
+        return problem
+    if not os.access(run_dir.path, os.W_OK | os.X_OK):
+        return "is not writable by this user"
+    mode = stat.filemode(info.st_mode)
+    if not run_dir.chosen and (info.st_uid != os.geteuid() or info.st_mode & 0o077):
+        return (f"is not a private directory of this user (owner uid {info.st_uid}, mode {mode}): remove it, or "
+                "set GPUMEM_RUN_DIR")
+    if use == SHARE and info.st_uid != os.geteuid():
+        return (f"belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()}): its owner could replace a "
+                "GPU's sharing table; share in a directory of your own (GPUMEM_RUN_DIR)")
+    if use == SHARE and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"is writable by other users (mode {mode}): any of them could take a sharing table's name first; "
+                "share in a directory only you may write to (GPUMEM_RUN_DIR)")
+    return None
+
+
+def _not_its_users(run_dir: RunDir, info: os.stat_result) -> Optional[str]:
+    """Why this is not a directory, or for a default one (gpumem-<uid>) not one of the uid its name says."""
+    if stat.S_ISLNK(info.st_mode):  # only a default directory is looked at without following links
+        return "is not a private directory of this user (a link): remove it, or set GPUMEM_RUN_DIR"
     if not stat.S_ISDIR(info.st_mode):
         return "is not a directory"
+    match = None if run_dir.chosen else _DEFAULT_DIR.fullmatch(os.path.basename(run_dir.path))
+    if match and info.st_uid != int(match.group(1)):
+        return (f"belongs to uid {info.st_uid}, not to the uid {match.group(1)} its name says (someone else made it): "
+                "remove it, or set GPUMEM_RUN_DIR")
+    return None
+
+
+def _open_to_others(info: os.stat_result) -> Optional[str]:
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
         return (f"is writable by other users and not sticky (mode {stat.filemode(info.st_mode)}): any of them "
                 "could remove or replace the files in it; make it sticky (chmod +t), as /tmp is, or private")
@@ -98,10 +166,11 @@ def run_dirs(run_dir: RunDir, base: str = RUN_DIR_BASE) -> list[str]:
 
 
 def _is_a_users_run_dir(item: os.DirEntry) -> bool:
-    match = _DEFAULT_DIR.fullmatch(item.name)
+    # Whose directory it is, by run_dir_problem's rule; what else is wrong is said when it is read.
+    if not _DEFAULT_DIR.fullmatch(item.name):
+        return False
     try:
-        return bool(match) and item.is_dir(follow_symlinks=False) and \
-            item.stat(follow_symlinks=False).st_uid == int(match.group(1))
+        return _not_its_users(RunDir(item.path), item.stat(follow_symlinks=False)) is None
     except OSError:
         return False
 

@@ -31,7 +31,7 @@ Note [whose figures]
   a file another user owns, so a file one user plants for another's process, in a directory of
   their own or a shared one, is skipped and named under the table, and the process's real file is
   used; of two files that pass for one process, the first by path is. A directory that users besides
-  its owner may write to is read only if it is sticky, as /tmp is (published.shared_dir_problem): in
+  its owner may write to is read only if it is sticky, as /tmp is (published.run_dir_problem): in
   one that is not, anyone could remove a process's file or put a file of their own in its place.
   A file of a process that cannot be seen from here (Note [pids across namespaces]) cannot be
   checked against it: its row says whose file it is (USER) and that its pid is in another
@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -130,7 +129,8 @@ def _read(run_dirs: list[str], now: float) -> tuple[list, list[str]]:
     entries, problems = [], []
     for directory in run_dirs:
         try:
-            problem = published.shared_dir_problem(os.stat(directory))
+            # chosen: a default directory was found by its owner already (published.run_dirs)
+            problem = published.run_dir_problem(published.RunDir(directory, chosen=True), published.READ)
             if problem is not None:
                 problems.append(f"{shown_path(directory)} {problem}")
                 continue

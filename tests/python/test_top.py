@@ -552,8 +552,9 @@ def test_the_file_is_replaced_whole_by_renaming_a_temporary_beside_it(run_dir, m
     publisher = published(run_dir, reserved=GiB)
     [(temporary, final)] = renames
     assert final == publisher.path and os.path.dirname(temporary) == run_dir.path
-    assert os.path.basename(temporary).startswith(f".{os.getpid()}.json.") and temporary.endswith(".tmp")
-    assert os.listdir(run_dir.path) == [f"{os.getpid()}.json"]
+    name = os.path.basename(publisher.path)
+    assert os.path.basename(temporary).startswith(f".{name}.") and temporary.endswith(".tmp")
+    assert os.listdir(run_dir.path) == [name]
     assert os.stat(publisher.path).st_mode & 0o777 == 0o600
 
 
