@@ -1,14 +1,18 @@
 """Installs gpumem as soon as torch is imported, in programs that never import gpumem themselves.
 
 site-packages/gpumem-autoload.pth runs at every interpreter start-up and imports this module only
-when GPUMEM_LIMIT is set; without the variable the start-up costs one dictionary lookup. This
-module must stay small and import neither torch nor gpumem: with the variable set it loads into
-every Python process, most of which never touch torch. `hook()` puts a finder first on
-sys.meta_path that lets torch import as usual and, right after torch's own __init__ has run (so
-before the program can allocate CUDA memory), hands over to gpumem._autoload, which checks
-GPUMEM_LIMIT and installs gpumem. `python -S` skips .pth files, and with them this hook.
+when GPUMEM_LIMIT, GPUMEM_SHARE or GPUMEM_FLOOR is set (VARIABLES; gpumem._autoload.ARMING);
+without them the start-up costs three dictionary lookups. This module must stay small and import
+neither torch nor gpumem: with a variable set it loads into every Python process, most of which
+never touch torch. `hook()` puts a finder first on sys.meta_path that lets torch import as usual
+and, right after torch's own __init__ has run (so before the program can allocate CUDA memory),
+hands over to gpumem._autoload, which checks the variables and installs gpumem (GPUMEM_SHARE=off
+alone installs nothing). `python -S` skips .pth files, and with them this hook.
 """
+import os
 import sys
+
+VARIABLES = ("GPUMEM_LIMIT", "GPUMEM_SHARE", "GPUMEM_FLOOR")
 
 
 class _TorchFinder:
@@ -64,8 +68,9 @@ def _install_gpumem():
     try:
         from gpumem import _autoload
     except ImportError as error:
-        sys.stderr.write(f"gpumem: GPUMEM_LIMIT is set but gpumem cannot be imported ({error}); the "
-                         "program stops rather than run without the cap. Reinstall gpumem or unset "
-                         "GPUMEM_LIMIT.\n")
+        named = " and ".join(variable for variable in VARIABLES if variable in os.environ)
+        sys.stderr.write(f"gpumem: {named} is set but gpumem cannot be imported ({error}); the "
+                         "program stops rather than run without what it asked for. Reinstall gpumem or "
+                         f"unset {named}.\n")
         raise SystemExit(2) from None
     _autoload.install()

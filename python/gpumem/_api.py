@@ -113,12 +113,13 @@ def get_segments(device: Device = None) -> str:
 
 def enable() -> None:
     """Installs gpumem as PyTorch's CUDA allocator, with GPUMEM_LIMIT's limits and GPUMEM_SEGMENTS's
-    segment kind where they are set.
+    segment kind where they are set, and the sharing GPUMEM_SHARE=on or GPUMEM_FLOOR asks for.
 
-    Starts no CUDA: GPUMEM_LIMIT's syntax is checked now (ValueError), and what it means on the
+    Starts no CUDA: the variables' syntax is checked now (ValueError), and what they mean on the
     devices when they are first used (torch's CUDA init, or the next gpumem call that names a
-    device), which raise if it does not fit them. torch's allocator settings apply then too (see
-    docs/usage.md, "Which setting wins").
+    device), which raise if they do not fit them (for sharing, torch's CUDA init: see
+    gpumem.sharing). torch's allocator settings apply then too (see docs/usage.md, "Which setting
+    wins").
     """
     with _lock:
         _enable_locked()
@@ -179,16 +180,16 @@ def _enable_locked() -> None:
     # allocator settings) when the devices are first used, before any later gpumem call.
     text, growable, view = _env.limit_text(), _env.segments(), _env.mem_info_view()
     warn_at, metrics_port, publish_dir = _env.warn_at(), _env.metrics_port(), _env.publish_dir()
-    metrics_addr = _env.metrics_addr()
+    metrics_addr, share = _env.metrics_addr(), _env.sharing_asked()
     _C.install(text, growable, _env.scope())
     _torch_hooks.install()
     if growable is not None:
         _torch_hooks.fixed["segments"] = True
     if view is not None:
         _torch_hooks.set_view(view)
+    if share:  # queued first: while it raises, CUDA init stops before the monitoring starts
+        sharing.start_at_cuda_init()
     _monitoring.start(warn_at, metrics_port, publish_dir, metrics_addr)
-    if _env.sharing_asked():
-        _monitoring.when_cuda_starts(sharing.start_for_environment)
 
 
 def _refuse_if_torch_allocator_in_use() -> None:

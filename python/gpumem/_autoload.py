@@ -1,27 +1,35 @@
-"""GPUMEM_LIMIT without code changes: gpumem installs itself when torch is imported.
+"""GPUMEM_LIMIT, GPUMEM_SHARE or GPUMEM_FLOOR without code changes: gpumem installs itself when
+torch is imported.
 
-The top-level module _gpumem_autoload (loaded at start-up by gpumem-autoload.pth, only when
-GPUMEM_LIMIT is set) calls `install()` right after torch's own import has finished, before the
-program can allocate CUDA memory. `state` says what it did, for tests and for people debugging:
+The top-level module _gpumem_autoload (loaded at start-up by gpumem-autoload.pth, only when one of
+ARMING, the three, is set) calls `install()` right after torch's own import has finished, before
+the program can allocate CUDA memory. `state` says what it did, for tests and for people debugging:
 
-    "not run"                      torch has not been imported, or GPUMEM_LIMIT was not set
+    "not run"                      torch has not been imported, none of the three was set, or only
+                                   GPUMEM_SHARE=off (which asks for nothing)
     "installed"                    gpumem is the CUDA allocator; GPUMEM_LIMIT's limits apply when
-                                   the devices are first used
+                                   the devices are first used, and GPUMEM_SHARE=on or GPUMEM_FLOOR
+                                   joins the GPUs' tables then (gpumem.sharing); no cap unless
+                                   GPUMEM_LIMIT sets one
     "skipped: the gpumem command"  see _is_the_gpumem_command
 
 A GPUMEM_LIMIT whose syntax is bad stops the program with exit status 2 and one line on stderr,
 `gpumem: bad GPUMEM_LIMIT "4XB": ...`, rather than let it run without the cap. So does a bad
-GPUMEM_SEGMENTS (`gpumem: bad GPUMEM_SEGMENTS "fast": ...`). GPUMEM_SEGMENTS alone does not
-install gpumem: it says which segments gpumem uses once something installs it. A bad GPUMEM_WARN_AT,
-GPUMEM_METRICS_PORT, GPUMEM_PUBLISH or GPUMEM_RUN_DIR stops the program the same way (see
-docs/monitoring.md).
+GPUMEM_SHARE (`gpumem: bad GPUMEM_SHARE "maybe": give "on" or "off". ...`), a GPUMEM_FLOOR whose
+syntax is bad (`gpumem: bad GPUMEM_FLOOR "20XB": ...`, whether or not another variable installs
+gpumem: the program asked to share), and a bad GPUMEM_SEGMENTS. GPUMEM_SEGMENTS alone does not
+install gpumem: it says which segments gpumem uses once something installs it. A bad
+GPUMEM_WARN_AT, GPUMEM_METRICS_PORT, GPUMEM_METRICS_ADDR, GPUMEM_PUBLISH or GPUMEM_RUN_DIR stops
+the program the same way (see docs/monitoring.md).
 
 Installing touches no CUDA, as `import torch` does not: CUDA_VISIBLE_DEVICES set after the import
 still applies, and a child forked before CUDA is used can use it. What GPUMEM_LIMIT means on the
 devices (a percentage, a device number, a size above a device's memory) is worked out at torch's
 CUDA init; one that does not fit makes that init, and every CUDA allocation after it, raise
-`gpumem: bad GPUMEM_LIMIT "...": ...` (no memory is handed out without the cap). On a machine
-without a CUDA device nothing is ever asked of one, and nothing is printed.
+`gpumem: bad GPUMEM_LIMIT "...": ...` (no memory is handed out without the cap). So does a
+GPUMEM_FLOOR that does not fit (`gpumem: bad GPUMEM_FLOOR "...": ...`), and a GPU table that
+cannot be joined (gpumem.sharing.start_for_environment). On a machine without a CUDA device
+nothing is ever asked of one, and nothing is printed.
 
 Note [when a bad GPUMEM_LIMIT is caught]
   At torch's import, not at interpreter start-up. The limit grammar is gpumem._C's, in C++, and
@@ -31,32 +39,36 @@ Note [when a bad GPUMEM_LIMIT is caught]
   (pip, say). The syntax is checked before anything else, so a typo stops the program on a
   machine without a GPU too; what depends on the devices (a limit above a device's memory, a
   device that does not exist) is checked at torch's CUDA init, the first moment the devices may
-  be asked without changing what the program sees.
+  be asked without changing what the program sees. GPUMEM_FLOOR, in the same grammar, is caught
+  at the same two moments for the same reasons.
 """
 from __future__ import annotations
 
 import os
 import sys
 
-from gpumem import _api, _env, _invocation
+from gpumem import _api, _env, _invocation, sharing
 from gpumem._words import bounded, shown
 
 EXIT_BAD_LIMIT = 2
+# The variables that install gpumem; gpumem-autoload.pth arms the hook on the same three.
+ARMING = (_env.VARIABLE, sharing.SHARE_VARIABLE, sharing.FLOOR_VARIABLE)
 
 state = "not run"
 
+
 def install() -> None:
-    """Installs gpumem with GPUMEM_LIMIT's limits and GPUMEM_SEGMENTS's segment kind; exits with
-    status 2 if they cannot be applied."""
+    """Installs gpumem with GPUMEM_LIMIT's limits, GPUMEM_SEGMENTS's segment kind and the sharing
+    GPUMEM_SHARE or GPUMEM_FLOOR asks for; exits with status 2 if they cannot be applied."""
     global state
-    text = os.environ.get(_env.VARIABLE)
-    if text is None:
+    if not any(variable in os.environ for variable in ARMING):
         return
     if _is_the_gpumem_command():
         state = "skipped: the gpumem command"
         return
     try:
-        _env.resolve_limit(text)
+        if _env.limit_text() is None and not _env.sharing_asked():
+            return  # GPUMEM_SHARE=off alone: nothing to install
         for _, read in _env.SETTINGS:
             read()
     except _env.SettingError as error:
@@ -65,8 +77,9 @@ def install() -> None:
         _api.enable()
     except Exception as error:  # noqa: BLE001: whatever it is, the program must not run uncapped
         reason = bounded(str(error).removeprefix("gpumem: "))
-        _stop(f"gpumem: {_env.VARIABLE}={shown(text)} is set but gpumem could not be installed ({reason}); "
-              "the program stops rather than run without the cap.")
+        asked = " ".join(f"{variable}={shown(os.environ[variable])}" for variable in ARMING if variable in os.environ)
+        _stop(f"gpumem: {asked} is set but gpumem could not be installed ({reason}); the program stops rather "
+              "than run without what it asked for.")
     state = "installed"
 
 
@@ -78,10 +91,14 @@ def _is_the_gpumem_command() -> bool:
 
 
 def _stop_for(error: _env.SettingError) -> None:
-    instead = "without the cap" if error.variable == _env.VARIABLE else "with settings it did not ask for"
+    instead = _INSTEAD.get(error.variable, "run with settings it did not ask for")
     value = shown(error.text, quote='"')  # quoted as the compiled layer quotes it at CUDA init
-    _stop(f"gpumem: bad {error.variable} {value}: {error.reason}. The program stops rather than run "
+    _stop(f"gpumem: bad {error.variable} {value}: {error.reason}. The program stops rather than "
           f"{instead}: fix {error.variable} or unset it.")
+
+
+_INSTEAD = {_env.VARIABLE: "run without the cap", sharing.SHARE_VARIABLE: "guess whether to share the GPU",
+            sharing.FLOOR_VARIABLE: "run without the floor it asked for"}
 
 
 def _stop(line: str) -> None:

@@ -127,8 +127,8 @@ def share(environ: Mapping[str, str] = os.environ) -> Optional[bool]:
 
 
 def floor(environ: Mapping[str, str] = os.environ) -> Optional[list]:
-    """GPUMEM_FLOOR's (device or None, spec) pairs, their syntax checked; None when unset. A bad
-    value raises SettingError naming the variable, its value and the accepted forms."""
+    """GPUMEM_FLOOR's (device, spec) pairs (-1: every device), their syntax checked; None when
+    unset. A bad value raises SettingError naming the variable, its value and the accepted forms."""
     text = environ.get(sharing.FLOOR_VARIABLE)
     if text is None:
         return None
@@ -137,13 +137,13 @@ def floor(environ: Mapping[str, str] = os.environ) -> Optional[list]:
         raise SettingError(sharing.FLOOR_VARIABLE, text, f"{problem}. Accepted forms: {sharing.floor_forms()}")
     try:
         return sharing.floor_assignments(text)
-    except ValueError as error:
-        reason = str(error).split(": ", 2)[-1]
-        raise SettingError(sharing.FLOOR_VARIABLE, text, reason) from None
+    except sharing.FloorError as error:
+        raise SettingError(sharing.FLOOR_VARIABLE, text, f"{error.reason}. Accepted forms: {sharing.floor_forms()}") from None
 
 
 def sharing_asked(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether the process joins its GPUs' tables at the first CUDA use."""
+    """Whether the process joins its GPUs' tables at the first CUDA use: GPUMEM_SHARE=on, or a
+    GPUMEM_FLOOR. A bad value of either raises SettingError as segments() does."""
     return bool(share(environ)) or floor(environ) is not None
 
 

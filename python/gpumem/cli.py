@@ -3,6 +3,8 @@
     gpumem info                                  devices, limits and this process's report
     gpumem run --limit 4GB -- python train.py    run a program under a limit
     gpumem run --limit 4GB --scope process -- ...  ... on the whole process, as nvidia-smi counts it
+    gpumem run --share -- python train.py        run a program that shares its GPU (GPUMEM_SHARE=on)
+    gpumem run --floor 20GB -- python serve.py   ... and keeps 20 GB of it (GPUMEM_FLOOR)
     gpumem replay SNAPSHOT --limit 4GB           would a recorded run fit under 4 GB?
     gpumem replay SNAPSHOT --min-limit           the smallest limit it fits under
     gpumem replay SNAPSHOT                       uncapped: its peaks, and the smallest limit
@@ -35,7 +37,7 @@ import signal
 import sys
 from typing import Callable, Iterator, Optional, Sequence
 
-from gpumem import _C, _env, _limits, _scope, _segments, _sizes, pressure
+from gpumem import _C, _env, _limits, _scope, _segments, _sizes, pressure, sharing
 from gpumem._words import bounded, shown, shown_path
 
 EXIT_DOES_NOT_FIT = 1
@@ -45,6 +47,7 @@ EXIT_NOT_FOUND = 127
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # as a program that SIGPIPE ends
 _FORMS = _C.limit_forms.replace("%", "%%")  # argparse %-formats help texts
+_FLOOR_FORMS = sharing.floor_forms().replace("%", "%%")
 # The signals Python ignores at start-up, and an exec'd program would inherit ignored.
 _IGNORED_BY_PYTHON = [getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)]
 _SHELL = "/bin/sh"
@@ -115,16 +118,26 @@ def _parser() -> argparse.ArgumentParser:
                                         "variables is invalid (checked as a program under it would check it).")
     info.set_defaults(handler=_info)
 
-    run = verbs.add_parser("run", help="run a program with a limit (GPUMEM_LIMIT)",
-                           usage="gpumem run --limit LIMIT [--scope SCOPE] -- PROGRAM [ARGS ...]",
+    run = verbs.add_parser("run", help="run a program with a limit (GPUMEM_LIMIT), or sharing its GPU",
+                           usage="gpumem run [--limit LIMIT] [--scope SCOPE] [--share] [--floor FLOOR] -- "
+                                 "PROGRAM [ARGS ...]",
                            description="Runs PROGRAM with GPUMEM_LIMIT set (and GPUMEM_SCOPE, with --scope), so "
-                                       "gpumem caps its CUDA memory. The exit status is the program's (127: not "
-                                       "found, 126: cannot be executed).")
-    run.add_argument("--limit", required=True, type=_checked(_assignments_spec),
+                                       "gpumem caps its CUDA memory; with --share (GPUMEM_SHARE=on) or --floor "
+                                       "(GPUMEM_FLOOR), it shares its GPUs with the other gpumem processes on "
+                                       "them (docs/usage.md, \"Sharing a GPU\"). At least one of --limit, "
+                                       "--share and --floor is needed. The exit status is the program's (127: "
+                                       "not found, 126: cannot be executed).")
+    run.add_argument("--limit", type=_checked(_assignments_spec),
                      help=f'"4GB", "50%%", or one per device "0:4GB,1:8GB". Forms: {_FORMS}')
     run.add_argument("--scope", type=_checked(_scope.scope),
                      help=f'what the limit bounds: {_scope.FORMS} (the whole process, as nvidia-smi counts it); '
                           "default: GPUMEM_SCOPE's, else allocator")
+    run.add_argument("--share", action="store_true",
+                     help="share the GPUs with the other gpumem processes on them: give back free cache when "
+                          "they ask, and ask them (GPUMEM_SHARE=on)")
+    run.add_argument("--floor", type=_checked(_floor_spec),
+                     help='memory the other gpumem processes leave this one: "20GB", or one per device '
+                          f'"0:20GB,1:8GB"; implies --share (GPUMEM_FLOOR). Forms: {_FLOOR_FORMS}')
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="PROGRAM [ARGS ...]")
     run.set_defaults(handler=_run)
 
@@ -214,6 +227,15 @@ def _assignments_spec(text: str) -> str:
     except _env.SettingError as error:
         value = shown(text, quote='"')  # as the limit grammar quotes a limit
         raise ValueError(f"bad limit {value}: {error.reason}") from None
+    return text
+
+
+def _floor_spec(text: str) -> str:
+    try:
+        _env.floor({sharing.FLOOR_VARIABLE: text})  # the check the program's GPUMEM_FLOOR gets
+    except _env.SettingError as error:
+        value = shown(text, quote='"')  # as the limit grammar quotes a limit
+        raise ValueError(f"bad floor {value}: {error.reason}") from None
     return text
 
 
@@ -312,14 +334,18 @@ def _floor_line(device: int, total: int) -> str:
 
 
 def _print_env_setting(variable: str, read: Callable[[], object]) -> bool:
-    """Prints a setting's variable; False if it is set to something gpumem would refuse."""
+    """Prints a setting's variable (GPUMEM_METRICS_ADDR with the address the endpoint binds); False
+    if it is set to something gpumem would refuse."""
     text = os.environ.get(variable)
-    print(f"{variable}: " + ("unset" if text is None else shown(text)))
+    line = f"{variable}: " + ("unset" if text is None else shown(text))
     try:
-        read()
+        value = read()
     except _env.SettingError as error:
-        print(f"{error.variable} is invalid: {error.reason}")
+        print(f"{line}\n{error.variable} is invalid: {error.reason}")
         return False
+    if variable == _env.METRICS_ADDR_VARIABLE and text is not None:
+        line += f" (the metrics endpoint listens on {value})"
+    print(line)
     return True
 
 
@@ -334,11 +360,14 @@ def _device_name(device: int) -> str:
 
 def _run(args) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.limit is None and not args.share and args.floor is None:
+        raise _UsageError("run needs --limit, --share or --floor: gpumem run --limit 4GB -- python train.py, "
+                          "or gpumem run --share -- python train.py")
     if not command:
         raise _UsageError("run needs a program: gpumem run --limit 4GB -- python train.py")
-    environment = {**os.environ, _env.VARIABLE: args.limit}
-    if args.scope is not None:
-        environment[_env.SCOPE_VARIABLE] = args.scope
+    given = {_env.VARIABLE: args.limit, _env.SCOPE_VARIABLE: args.scope, sharing.FLOOR_VARIABLE: args.floor,
+             sharing.SHARE_VARIABLE: "on" if args.share else None}
+    environment = {**os.environ, **{variable: value for variable, value in given.items() if value is not None}}
     sys.stdout.flush()
     sys.stderr.flush()
     with _signals_as_a_shell_leaves_them():

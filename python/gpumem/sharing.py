@@ -6,9 +6,20 @@ docs/design.md): caches given back on request, a guaranteed floor, lending betwe
     GPUMEM_FLOOR  a floor for every device ("20GB") or per device ("0:20GB,1:8GB"), in the limit
                   grammar, or "none"; implies GPUMEM_SHARE=on
 
+Either one installs gpumem at torch's import, as GPUMEM_LIMIT does (gpumem._autoload), and their
+syntax is checked then. What depends on the devices is checked at torch's CUDA init
+(start_for_environment), every device before anything is joined: a floor for a device that does
+not exist, above the device's memory or above the hard cap, and a table that cannot be joined,
+make that init, and every CUDA call after it, raise, as a GPUMEM_LIMIT that does not fit does. A
+program that asked to share never runs alone, nor without the floor it asked for.
+
 The table lives in the run directory of `gpumem top` (GPUMEM_RUN_DIR, else /tmp/gpumem-<uid>),
 one file per GPU UUID and user, so CUDA_VISIBLE_DEVICES does not matter and another user's
-processes are never asked.
+processes are never asked. The directory must be this user's own and writable by nobody else
+(published.run_dir_problem, SHARE).
+
+A process leaves its tables at exit (atexit); a child it forks is no member, and leaves nothing
+(_leave_at_exit).
 """
 from __future__ import annotations
 
@@ -16,20 +27,30 @@ import atexit
 import os
 import re
 import warnings
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from gpumem import _C, _limits, _sizes
+from gpumem._words import bounded, shown, shown_path
 
 SHARE_VARIABLE = "GPUMEM_SHARE"
 FLOOR_VARIABLE = "GPUMEM_FLOOR"
 SHARE_FORMS = '"on" or "off"'
 NO_FLOOR = ("none", "0")
 _UUID = re.compile(r"^[0-9A-Za-z-]{1,64}$")
-_left = False
+_QUOTE = '"'  # as the limit grammar's messages quote a value
+_joined_in: Optional[int] = None  # the pid that joined a table: the only one that leaves at exit
+
+
+class FloorError(ValueError):
+    """A floor gpumem refuses; `reason` says why without naming the floor or its setting."""
+
+    def __init__(self, spec: str, reason: str):
+        self.spec, self.reason = spec, bounded(reason)
+        super().__init__(f"gpumem: bad floor {shown(spec, quote=_QUOTE)}: {self.reason}. Accepted forms: {floor_forms()}")
 
 
 def floor_forms() -> str:
-    return f"{_C.limit_forms}; or none (no floor)"
+    return f'{_C.limit_forms}; "none" or "0" is no floor'
 
 
 def share_of_text(text: str) -> bool:
@@ -39,32 +60,61 @@ def share_of_text(text: str) -> bool:
     return value == "on"
 
 
-def floor_assignments(text: str) -> list[tuple[Optional[int], str]]:
-    """GPUMEM_FLOOR's (device or None, spec) pairs, their syntax checked; ValueError naming the
-    text and the accepted forms."""
+def floor_assignments(text: str) -> list[tuple[int, str]]:
+    """GPUMEM_FLOOR's (device, spec) pairs, -1 for every device, their syntax checked; FloorError
+    (a ValueError) naming the text and the accepted forms."""
     try:
         pairs = _C.parse_limit_assignments(text)
         for _, spec in pairs:
-            if spec.strip().lower() not in NO_FLOOR:
+            if not _is_no_floor(spec):
                 _limits.check_syntax(spec)
     except _C.LimitSpecError as error:
-        # The reason alone: the forms that follow are GPUMEM_FLOOR's, the limit's among them.
-        raise ValueError(f"gpumem: bad {FLOOR_VARIABLE} {text!r}: {error.reason}. "
-                         f"Accepted forms: {floor_forms()}") from None
+        raise FloorError(text, error.reason) from None
     return pairs
 
 
 def floor_bytes(spec: str, total: int, limit: int) -> int:
-    """A floor spec in bytes on a device of `total` bytes under a hard cap of `limit`; ValueError
-    naming the spec if it is above the cap."""
-    if isinstance(spec, str) and spec.strip().lower() in NO_FLOOR:
+    """A floor spec in bytes on a device of `total` bytes under a hard cap of `limit`; FloorError
+    (a ValueError) naming the spec if it is above the device or the cap."""
+    if _is_no_floor(spec):
         return 0
-    nbytes = _limits.parse(_limits.spec_of(spec), total)
-    nbytes = total if nbytes is None else nbytes
+    try:
+        nbytes = _limits.parse(_limits.spec_of(spec), total)
+    except _C.LimitSpecError as error:
+        raise FloorError(spec, error.reason) from None
     if nbytes > limit:
-        raise ValueError(f"gpumem: floor {spec!r} ({_sizes.format_bytes(nbytes)}) is above the hard cap of "
-                         f"{_sizes.format_bytes(limit)}: a floor is at most the limit. Accepted forms: {floor_forms()}")
+        raise FloorError(spec, f"it comes to {_sizes.format_bytes(nbytes)}, above the hard cap of "
+                               f"{_sizes.format_bytes(limit)}: a floor is at most the limit")
     return nbytes
+
+
+def resolve_floors(text: str, totals: Sequence[int], limits: Sequence[int]) -> list[Optional[int]]:
+    """GPUMEM_FLOOR=`text` on devices of these totals under these hard caps: each device's floor
+    in bytes, None where it names none. What cannot be applied, on any device, raises ValueError
+    naming GPUMEM_FLOOR, its value, the device and the accepted forms."""
+    try:
+        pairs = floor_assignments(text)
+    except FloorError as error:
+        raise ValueError(_bad_floor_setting(text, None, error.reason)) from None
+    floors: list[Optional[int]] = [None] * len(totals)
+    for device, spec in pairs:
+        if device >= len(totals):
+            seen = f"devices 0..{len(totals) - 1}" if totals else "no CUDA device"
+            raise ValueError(_bad_floor_setting(text, device, f"there is no CUDA device {device}; this process "
+                                                              f"sees {seen} (CUDA_VISIBLE_DEVICES applies)"))
+        for index in range(len(totals)) if device == -1 else [device]:
+            try:
+                floors[index] = floor_bytes(spec, totals[index], limits[index])
+            except FloorError as error:
+                raise ValueError(_bad_floor_setting(text, index, error.reason)) from None
+    return floors
+
+
+def _bad_floor_setting(text: str, device: Optional[int], reason: str) -> str:
+    on = "" if device is None else f" on device {device}"
+    return (f"gpumem: bad {FLOOR_VARIABLE} {shown(text, quote=_QUOTE)}{on}: {reason}. Accepted forms: "
+            f"{floor_forms()}. No CUDA memory is handed out until it is fixed: fix {FLOOR_VARIABLE} or unset it, "
+            "and start the program again.")
 
 
 def table_path(run_dir_path: str, uuid: str) -> str:
@@ -81,10 +131,15 @@ def gpu_uuid(index: int) -> str:
 
 
 def join(index: int, run_dir=None) -> None:
-    """Joins the table of device `index`'s GPU (once); RuntimeError saying why it cannot."""
-    from gpumem import _env, publish
+    """Joins the table of device `index`'s GPU (once); RuntimeError saying why it cannot, the run
+    directory's trust checked here (published.run_dir_problem), not by the compiled layer."""
+    from gpumem import _env, publish, published
     where = _env.run_dir() if run_dir is None else run_dir
-    publish.prepare(where)
+    try:
+        publish.prepare(where, published.SHARE)
+    except OSError as error:  # made by prepare: the path and the reason; else the system's
+        reason = str(error) if error.strerror is None else f"{shown_path(where.path)}: {error.strerror}"
+        raise RuntimeError(f"gpumem: sharing: the run directory cannot hold the GPU's table: {bounded(reason)}") from None
     _C.share_join(index, table_path(where.path, gpu_uuid(index)))
     _leave_at_exit()
 
@@ -109,29 +164,59 @@ def status(index: int) -> Optional[dict]:
     return _C.share_status(index)
 
 
+def start_at_cuda_init() -> None:
+    """Queues start_for_environment for torch's CUDA init. Unlike the monitoring's calls
+    (gpumem._monitoring.when_cuda_starts) it may raise: torch.cuda._lazy_init then raises
+    (DeferredCudaCallError, with this error's message), leaves CUDA uninitialized and its queued
+    calls queued, and runs them all again at the next CUDA call: every one raises until the
+    setting is fixed, as for a GPUMEM_LIMIT that does not fit the devices."""
+    import torch
+    torch.cuda._lazy_call(start_for_environment)
+
+
 def start_for_environment(environ: Mapping[str, str] = os.environ) -> None:
-    """At torch's CUDA start: joins every visible device's table where GPUMEM_SHARE=on or
-    GPUMEM_FLOOR asks, and sets the floors. Reports and goes on alone where it cannot (it must not
-    raise: torch would make that the program's first CUDA call's error)."""
-    import sys
+    """At torch's CUDA init: where GPUMEM_SHARE=on or GPUMEM_FLOOR asks, checks every visible
+    device's floor, then joins every device's table and sets the floors. A floor that cannot be
+    applied raises ValueError, a table that cannot be joined RuntimeError, each naming the setting
+    and why, before anything is joined or having left what was (the program asked to share: it
+    must not run alone)."""
+    floors_text = environ.get(FLOOR_VARIABLE)
+    share = environ.get(SHARE_VARIABLE)
+    if floors_text is None and not (share is not None and share_of_text(share)):
+        return
+    count = _C.device_count()
+    totals = [_C.device_total(index) for index in range(count)]
+    limits = [_C.get_limit(index) for index in range(count)]
+    floors = resolve_floors(floors_text, totals, limits) if floors_text is not None else [None] * count
     try:
-        share = environ.get(SHARE_VARIABLE)
-        floors = environ.get(FLOOR_VARIABLE)
-        on = share_of_text(share) if share is not None else False
-        if not on and floors is None:
-            return
-        pairs = floor_assignments(floors) if floors is not None else []
-        for index in range(_C.device_count()):
-            spec = next((s for d, s in pairs if d in (None, -1, index)), None)
+        for index in range(count):
             join(index)
-            if spec is not None:
-                set_floor(index, floor_bytes(spec, _C.device_total(index), _C.get_limit(index)))
-    except Exception as error:  # noqa: BLE001 - reported, and the process goes on alone
-        sys.stderr.write(f"gpumem: not sharing the GPU: {error}\n")
+    except Exception as error:
+        _C.share_leave_all()
+        asked = f"{FLOOR_VARIABLE}={shown(floors_text)}" if floors_text is not None else f"{SHARE_VARIABLE}=on"
+        raise RuntimeError(f"gpumem: {asked} asks to share the GPU, but it cannot be shared: "
+                           f"{bounded(str(error).removeprefix('gpumem: '))}. No CUDA memory is handed out until "
+                           f"it can: fix that, or unset {FLOOR_VARIABLE} and {SHARE_VARIABLE}, and start the "
+                           "program again.") from None
+    for index, nbytes in enumerate(floors):
+        if nbytes is not None:
+            set_floor(index, nbytes)
+
+
+def _is_no_floor(spec: object) -> bool:
+    return isinstance(spec, str) and spec.strip().lower() in NO_FLOOR
 
 
 def _leave_at_exit() -> None:
-    global _left
-    if not _left:
-        _left = True
-        atexit.register(_C.share_leave_all)
+    """Leaves every table at exit, in the process that joined only: a child made by os.fork()
+    inherits the atexit list but is no member, and must not free its parent's slots (as
+    publish.Publisher.stop leaves a parent's file alone)."""
+    global _joined_in
+    if _joined_in is None:
+        atexit.register(_leave_if_joined_here)
+    _joined_in = os.getpid()
+
+
+def _leave_if_joined_here() -> None:
+    if os.getpid() == _joined_in:
+        _C.share_leave_all()

@@ -39,6 +39,9 @@ class FakeC:
         self.install_scope = None
         self.release_thresholds = [0.0] * len(totals)
         self.peak_resets: list[int] = []
+        self.joined: list[tuple[int, str]] = []  # (device, table path) of the tables joined, in order
+        self.floors: dict[int, int] = {}
+        self.join_errors: dict[int, Exception] = {}  # what joining a device's table raises
 
     # ---- what the tests look at ---------------------------------------------------------------
 
@@ -153,6 +156,24 @@ class FakeC:
 
     def pressure_crossings(self) -> list[tuple]:
         return [(device, *rest) for device, sim in enumerate(self.sims) for _, *rest in sim.pressure_crossings()]
+
+    # Sharing (gpumem.sharing): what was joined and set; no table.
+    def share_join(self, device: int, path: str) -> None:
+        self._sim(device)
+        if device in self.join_errors:
+            raise self.join_errors[device]
+        if all(joined != device for joined, _ in self.joined):
+            self.joined.append((device, path))
+
+    def share_leave_all(self) -> None:
+        self.joined.clear()
+        self.floors.clear()
+
+    def share_set_floor(self, device: int, nbytes: int) -> int:
+        if all(joined != device for joined, _ in self.joined):
+            raise ValueError(f"fake _C: device {device} does not share its GPU: join first")
+        self.floors[device] = nbytes
+        return 0
 
     def _sim(self, device: int):
         if not 0 <= device < len(self.sims):

@@ -57,7 +57,8 @@ def test_the_hook_file_is_installed_at_the_top_of_site_packages():
     site_dirs = {pathlib.Path(d).resolve() for d in [*site.getsitepackages(), site.getusersitepackages()]}
     assert path.parent.resolve() in site_dirs
     assert path.read_text().strip().splitlines() == [
-        'import os; "GPUMEM_LIMIT" in os.environ and __import__("_gpumem_autoload").hook()'
+        'import os; ("GPUMEM_LIMIT" in os.environ or "GPUMEM_SHARE" in os.environ or "GPUMEM_FLOOR" in os.environ) '
+        'and __import__("_gpumem_autoload").hook()'
     ]
 
 
