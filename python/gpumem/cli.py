@@ -284,18 +284,19 @@ def _info(args) -> int:
     count = _C.device_count()
     limits = _print_env_limit(count)
     settings_ok = [_print_env_setting(variable, read) for variable, read in _env.SETTINGS]
+    floors = _env_floors(count)
     if count == 0:
         print("no CUDA device was found")
     for d in range(count):
         free, total = _C.mem_info(d)
         under = f"; {_env.VARIABLE} sets {limits[d]}" if limits and d in limits else ""
         print(f"device {d}: {_device_name(d)}, {_sizes.format_bytes(total)} total, {_sizes.format_bytes(free)} free{under}")
-        floor = _floor_line(d, total)
-        if floor:
-            print(floor)
+        if floors and floors[d] is not None:
+            print(f"  floor: {_sizes.format_bytes(floors[d])} ({sharing.FLOOR_VARIABLE}), left by the other gpumem "
+                  "processes on this GPU")
     if count:
         print(report.collect())
-    return EXIT_USAGE if limits is None or not all(settings_ok) else 0
+    return EXIT_USAGE if limits is None or floors is None or not all(settings_ok) else 0
 
 
 def _print_env_limit(count: int) -> Optional[dict[int, str]]:
@@ -316,21 +317,26 @@ def _print_env_limit(count: int) -> Optional[dict[int, str]]:
             for d, nbytes in enumerate(limits or []) if -1 in named or d in named}
 
 
-def _floor_line(device: int, total: int) -> str:
-    """`gpumem info`'s line for GPUMEM_FLOOR on one device: the floor it sets, "" where it sets
-    none or is invalid (reported with the settings)."""
-    from gpumem import sharing
+def _env_floors(count: int) -> Optional[list[Optional[int]]]:
+    """GPUMEM_FLOOR on these devices, as a program under it applies it at CUDA init: each device's
+    floor in bytes (None: none), [] where it is unset or there is no device; None if a program
+    under it would be stopped, said in one line. A bad syntax, or a bad GPUMEM_LIMIT, is reported
+    with the settings, and gives []."""
+    text = os.environ.get(sharing.FLOOR_VARIABLE)
+    if text is None or count == 0:
+        return []
+    totals = [_C.device_total(d) for d in range(count)]
     try:
-        pairs = _env.floor()
-        if not pairs:
-            return ""
-        spec = next((s for d, s in pairs if d in (-1, device)), None)
-        if spec is None:
-            return ""
-        nbytes = sharing.floor_bytes(spec, total, total)
-    except ValueError:
-        return ""
-    return f"  floor: {_sizes.format_bytes(nbytes)} ({sharing.FLOOR_VARIABLE}), left by the other gpumem processes on this GPU"
+        _env.floor()
+        caps = _env.resolve_limit(os.environ[_env.VARIABLE], totals) if _env.VARIABLE in os.environ else None
+    except _env.SettingError:
+        return []
+    limits = [total if cap is None else cap for total, cap in zip(totals, caps or [None] * count)]
+    try:
+        return sharing.resolve_floors(text, totals, limits)
+    except sharing.FloorSettingError as error:
+        print(f"{sharing.FLOOR_VARIABLE} is invalid on device {error.device}: {error.reason}")
+        return None
 
 
 def _print_env_setting(variable: str, read: Callable[[], object]) -> bool:

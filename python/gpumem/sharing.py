@@ -49,6 +49,18 @@ class FloorError(ValueError):
         super().__init__(f"gpumem: bad floor {shown(spec, quote=_QUOTE)}: {self.reason}. Accepted forms: {floor_forms()}")
 
 
+class FloorSettingError(ValueError):
+    """GPUMEM_FLOOR=`text` that cannot be applied on device `device` (None: on none, its syntax);
+    `reason` says why without naming the variable or its value."""
+
+    def __init__(self, text: str, device: Optional[int], reason: str):
+        self.text, self.device, self.reason = text, device, bounded(reason)
+        on = "" if device is None else f" on device {device}"
+        super().__init__(f"gpumem: bad {FLOOR_VARIABLE} {shown(text, quote=_QUOTE)}{on}: {self.reason}. Accepted "
+                         f"forms: {floor_forms()}. No CUDA memory is handed out until it is fixed: fix "
+                         f"{FLOOR_VARIABLE} or unset it, and start the program again.")
+
+
 def floor_forms() -> str:
     return f'{_C.limit_forms}; "none" or "0" is no floor'
 
@@ -90,31 +102,25 @@ def floor_bytes(spec: str, total: int, limit: int) -> int:
 
 def resolve_floors(text: str, totals: Sequence[int], limits: Sequence[int]) -> list[Optional[int]]:
     """GPUMEM_FLOOR=`text` on devices of these totals under these hard caps: each device's floor
-    in bytes, None where it names none. What cannot be applied, on any device, raises ValueError
-    naming GPUMEM_FLOOR, its value, the device and the accepted forms."""
+    in bytes, None where it names none. What cannot be applied, on any device, raises
+    FloorSettingError (a ValueError) naming GPUMEM_FLOOR, its value, the device and the accepted
+    forms. The one check of GPUMEM_FLOOR on the devices: CUDA init and `gpumem info` share it."""
     try:
         pairs = floor_assignments(text)
     except FloorError as error:
-        raise ValueError(_bad_floor_setting(text, None, error.reason)) from None
+        raise FloorSettingError(text, None, error.reason) from None
     floors: list[Optional[int]] = [None] * len(totals)
     for device, spec in pairs:
         if device >= len(totals):
             seen = f"devices 0..{len(totals) - 1}" if totals else "no CUDA device"
-            raise ValueError(_bad_floor_setting(text, device, f"there is no CUDA device {device}; this process "
-                                                              f"sees {seen} (CUDA_VISIBLE_DEVICES applies)"))
+            raise FloorSettingError(text, device, f"there is no CUDA device {device}; this process sees {seen} "
+                                                  "(CUDA_VISIBLE_DEVICES applies)")
         for index in range(len(totals)) if device == -1 else [device]:
             try:
                 floors[index] = floor_bytes(spec, totals[index], limits[index])
             except FloorError as error:
-                raise ValueError(_bad_floor_setting(text, index, error.reason)) from None
+                raise FloorSettingError(text, index, error.reason) from None
     return floors
-
-
-def _bad_floor_setting(text: str, device: Optional[int], reason: str) -> str:
-    on = "" if device is None else f" on device {device}"
-    return (f"gpumem: bad {FLOOR_VARIABLE} {shown(text, quote=_QUOTE)}{on}: {reason}. Accepted forms: "
-            f"{floor_forms()}. No CUDA memory is handed out until it is fixed: fix {FLOOR_VARIABLE} or unset it, "
-            "and start the program again.")
 
 
 def table_path(run_dir_path: str, uuid: str) -> str:
@@ -177,13 +183,13 @@ def start_at_cuda_init() -> None:
 def start_for_environment(environ: Mapping[str, str] = os.environ) -> None:
     """At torch's CUDA init: where GPUMEM_SHARE=on or GPUMEM_FLOOR asks, checks every visible
     device's floor, then joins every device's table and sets the floors. A floor that cannot be
-    applied raises ValueError, a table that cannot be joined RuntimeError, each naming the setting
-    and why, before anything is joined or having left what was (the program asked to share: it
-    must not run alone)."""
-    floors_text = environ.get(FLOOR_VARIABLE)
-    share = environ.get(SHARE_VARIABLE)
-    if floors_text is None and not (share is not None and share_of_text(share)):
+    applied raises FloorSettingError (a ValueError), a table that cannot be joined RuntimeError,
+    each naming the setting and why, before anything is joined or having left what was (the
+    program asked to share: it must not run alone)."""
+    from gpumem import _env
+    if not _env.sharing_asked(environ):
         return
+    floors_text = environ.get(FLOOR_VARIABLE)
     count = _C.device_count()
     totals = [_C.device_total(index) for index in range(count)]
     limits = [_C.get_limit(index) for index in range(count)]

@@ -61,10 +61,9 @@ def test_the_environment_list_checks_the_sharing_settings():
     assert (sharing.SHARE_VARIABLE, _env.share) in _env.SETTINGS
 
 
-def test_gpumem_info_prints_the_floor_a_setting_sets_on_each_device(monkeypatch):
-    monkeypatch.setenv("GPUMEM_FLOOR", "1:20GB")
-    assert cli._floor_line(0, 140 * GiB) == ""
-    assert "20.00 GiB" in cli._floor_line(1, 140 * GiB)
+def test_gpumem_info_prints_the_floor_a_setting_sets_on_each_device(fake_c, monkeypatch):
+    monkeypatch.setenv("GPUMEM_FLOOR", "1:2GB")
+    assert cli._env_floors(2) == [None, 2 * GiB]
 
 
 class SharingSource:

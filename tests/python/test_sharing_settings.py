@@ -259,6 +259,21 @@ def test_gpumem_share_off_without_a_floor_joins_nothing(cuda_start):
     assert cuda_start({"GPUMEM_SHARE": "off"}).joined == []
 
 
+@pytest.mark.parametrize("settings, line", [
+    ({"GPUMEM_FLOOR": "5:2GB"}, "GPUMEM_FLOOR is invalid on device 5: there is no CUDA device 5; this process sees "
+                                "devices 0..1 (CUDA_VISIBLE_DEVICES applies)"),
+    ({"GPUMEM_FLOOR": "2GB", "GPUMEM_LIMIT": "1:1GB"}, "GPUMEM_FLOOR is invalid on device 1: it comes to 2.00 GiB, "
+                                                       "above the hard cap of 1.00 GiB: a floor is at most the limit"),
+], ids=["missing-device", "above-the-cap"])
+def test_gpumem_info_checks_a_floor_on_the_devices_as_cuda_init_does(fake_c, monkeypatch, capsys, settings, line):
+    from gpumem import cli
+
+    for variable, value in settings.items():
+        monkeypatch.setenv(variable, value)
+    assert cli._env_floors(2) is None
+    assert capsys.readouterr().out == line + "\n"
+
+
 # ---- fork -----------------------------------------------------------------------------------------
 
 
