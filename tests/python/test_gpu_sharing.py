@@ -95,12 +95,12 @@ def test_the_worked_example_holds_the_floor_and_moves_the_cache(tmp_path, how):
         assert serve.ask(f"hold {FLOOR_GIB}")["held"] == FLOOR_GIB
         figures = serve.ask("figures")
         assert figures["enabled"] and figures["sharing"]["floor"] == FLOOR_GIB * GiB
-        # T's tensors go, its memory stays cached; S, past its floor on a full device, gets T's cache.
+        # T's tensors go; S, past its floor on a device T filled, gets the memory T cached, which T
+        # gives back (asked, or on its frees as a borrower beside a floor: docs/usage.md).
         train.ask("free")
         assert serve.ask(f"hold {FLOOR_GIB + 4}")["held"] == FLOOR_GIB + 4
-        given = train.ask("figures")
-        assert given["enabled"] and given["sharing"]["asks_served"] >= 1
-        assert given["sharing"]["given_back"] >= 4 * GiB
+        after = train.ask("figures")
+        assert after["enabled"] and after["reserved"] <= grown["reserved"] - 4 * GiB, (grown, after)
     finally:
         for program in (serve, train):
             if program is not None:
