@@ -310,8 +310,11 @@ std::string ShareClient::describe(const std::vector<ProcessUse>& on_device) cons
   try {
     if (forked()) return "";
     const Joined j = joined();
-    std::string text = " Sharing the GPU (" + path_ + "): the others' floors and live tensors leave this process " +
-                       format_bytes(ceiling_.load()) + ";";
+    const std::size_t ceiling = ceiling_.load();
+    std::string text = " Sharing the GPU (" + path_ + "): " +
+                       (ceiling == SIZE_MAX ? std::string("no floor of the others limits this process;")
+                                            : "the others' floors and live tensors leave this process " +
+                                                  format_bytes(ceiling) + ";");
     std::vector<std::uint32_t> members{pid_};
     const std::vector<SlotCopy> copies = others(j);
     for (const SlotCopy& o : copies) {
