@@ -518,7 +518,7 @@ void bind_sim_allocator(py::module_& m) {
       .def("share_grant_floor", [](SimAllocator& s, int device, std::size_t bytes) { return grant_dict(grant_floor(s.core(), device, bytes)); },
            py::arg("device"), py::arg("bytes"))
       .def("share_set_floor", [](SimAllocator& s, int device, std::size_t bytes) { return floor_shortfall(grant_floor(s.core(), device, bytes)); },
-           py::arg("device"), py::arg("bytes"), py::call_guard<py::gil_scoped_release>())
+           py::arg("device"), py::arg("bytes"))
       .def("share_status", [](SimAllocator& s, int device) { return share_status(s.core(), device); }, py::arg("device"))
       .def("share_leave", [](SimAllocator& s) { leave_sharing(s.core()); }, py::call_guard<py::gil_scoped_release>())
       .def("free", &SimAllocator::free, py::arg("addr"))
