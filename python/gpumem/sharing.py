@@ -151,15 +151,30 @@ def join(index: int, run_dir=None) -> None:
 
 
 def set_floor(index: int, nbytes: int) -> int:
-    """Sets the floor on a device that shares; warns at once if the device cannot give all of it
-    now. Returns the shortfall in bytes."""
-    short = _C.share_set_floor(index, nbytes)
+    """Sets the floor on a device that shares, granted from what the other processes' floors leave
+    of the device (floors add up to the device at most). Warns at once where less was granted,
+    naming the processes that hold the other floors, and where the others' live tensors hold part
+    of it now. Returns the shortfall in bytes: what was not granted plus what is held now."""
+    grant = _C.share_grant_floor(index, nbytes)
+    granted, short = grant["granted"], grant["short"]
+    if granted < nbytes:
+        holders = ", ".join(_holder(h) for h in grant["floor_holders"]) or "none now"
+        warnings.warn(
+            f"gpumem: the floor of {_sizes.format_bytes(nbytes)} on cuda:{index} was granted only "
+            f"{_sizes.format_bytes(granted)}: the other processes' floors claim the rest of the device "
+            f"({holders}). Lower one of theirs, or ask for at most {_sizes.format_bytes(granted)}.",
+            RuntimeWarning, stacklevel=3)
     if short:
         warnings.warn(
-            f"gpumem: the floor of {_sizes.format_bytes(nbytes)} on cuda:{index} is short by {_sizes.format_bytes(short)} for now: "
+            f"gpumem: the floor of {_sizes.format_bytes(granted)} on cuda:{index} is short by {_sizes.format_bytes(short)} for now: "
             "other processes' live tensors hold that memory. Their caches were asked for; the rest is honoured as "
             "they free memory (the others cannot grow into it).", RuntimeWarning, stacklevel=3)
-    return short
+    return (nbytes - granted) + short
+
+
+def _holder(member: dict) -> str:
+    where = "" if member.get("same_pid_namespace", True) else " of another pid namespace"
+    return f"pid {member['pid']}{where}: {_sizes.format_bytes(member['floor'])}"
 
 
 def status(index: int) -> Optional[dict]:

@@ -170,10 +170,14 @@ class FakeC:
         self.floors.clear()
 
     def share_set_floor(self, device: int, nbytes: int) -> int:
+        grant = self.share_grant_floor(device, nbytes)
+        return grant["asked"] - grant["granted"] + grant["short"]
+
+    def share_grant_floor(self, device: int, nbytes: int) -> dict:
         if all(joined != device for joined, _ in self.joined):
             raise ValueError(f"fake _C: device {device} does not share its GPU: join first")
         self.floors[device] = nbytes
-        return 0
+        return {"asked": nbytes, "granted": nbytes, "short": 0, "floor_holders": []}
 
     def _sim(self, device: int):
         if not 0 <= device < len(self.sims):

@@ -202,3 +202,18 @@ def test_leaving_frees_the_slot(table):
     b.share_leave()
     assert b.share_status(0) is None
     assert a.share_status(0)["others"] == []
+
+
+def test_a_floor_is_granted_from_what_the_others_floors_leave_and_the_warning_names_them(table, monkeypatch):
+    a, b = sims(2, table)
+    assert a.share_grant_floor(0, 6 * GiB)["granted"] == 6 * GiB
+    monkeypatch.setattr(sharing, "_C", b)  # sharing.set_floor over b, as the package calls it
+    with pytest.warns(RuntimeWarning) as warned:
+        short = sharing.set_floor(0, 6 * GiB)
+    assert short == 4 * GiB
+    text = str(warned[0].message)
+    assert "granted only 2.00 GiB" in text and f"pid {os.getpid()}: 6.00 GiB" in text
+    assert b.share_status(0)["floor"] == 2 * GiB
+    with pytest.raises(MemoryError) as raised:  # past its granted floor, the others' floor stands in the way
+        b.malloc(0, 3 * GiB)
+    assert "raising it cannot help" in str(raised.value)
