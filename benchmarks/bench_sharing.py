@@ -6,7 +6,8 @@ Usage (each case is one call; on an H200 each takes well under 9 minutes):
     python benchmarks/bench_sharing.py floor      # S: 20 GiB floor, uses 2; T grows; S takes 17 more
     python benchmarks/bench_sharing.py swinging   # two jobs swing 90/10 GiB for 20 cycles
     python benchmarks/bench_sharing.py cost       # the request-and-retry wait, the asked one's step time
-    python benchmarks/bench_sharing.py all        # the four in turn
+    python benchmarks/bench_sharing.py at_once    # two full jobs ask each other at the same instant
+    python benchmarks/bench_sharing.py all        # the five in turn
 Options: --gib-scale F multiplies every size (for a smaller GPU: 0.5 on an 80 GB card).
 
 Every line of results starts with the case and the mode. "caps" lines check that no process ever
@@ -30,10 +31,9 @@ HERE = os.path.abspath(__file__)
 # ---- a job: one process, commands on stdin ----------------------------------------------------
 
 def job_main() -> None:
+    # Started as the docs say: GPUMEM_SHARE, GPUMEM_FLOOR or GPUMEM_LIMIT in the environment install
+    # gpumem at torch's import; the job never calls gpumem itself but to read its figures.
     gpumem_on = os.environ.get("BENCH_SHARING_MODE") == "gpumem"
-    if gpumem_on:
-        import gpumem
-        gpumem.enable()
     import torch
     fraction = os.environ.get("BENCH_SHARING_FRACTION")
     if fraction:
@@ -53,6 +53,16 @@ def job_main() -> None:
                 torch.cuda.synchronize()
                 reply["seconds"] = time.perf_counter() - start
                 tensors[cmd["name"]] = t
+            elif op == "alloc_at":  # at a wall-clock instant the driver gave both jobs
+                time.sleep(max(0.0, cmd["at"] - time.time()))
+                start = time.perf_counter()
+                try:
+                    t = torch.empty(int(cmd["bytes"]), dtype=torch.uint8, device="cuda")
+                    reply["got"] = True
+                except torch.OutOfMemoryError as error:
+                    reply["got"], reply["error"] = False, str(error).splitlines()[0][:200]
+                reply["seconds"] = time.perf_counter() - start
+                t = None
             elif op == "free":
                 tensors.pop(cmd["name"], None)
             elif op == "check":
@@ -316,9 +326,46 @@ def cost(mode: str, s: float, jobs: list) -> list[str]:
     return lines
 
 
+def at_once(mode: str, s: float, jobs: list) -> list[str]:
+    """Two jobs on a full device ask each other for memory at the same instant: each request must end
+    with the memory or an out-of-memory error, neither waiting out the ask's bound for the other."""
+    a, b = Job("A", mode, share_env(mode)), Job("B", mode, share_env(mode))
+    jobs += [a, b]
+    gib = lambda share: share * TOTAL / GiB  # noqa: E731 - sizes from the device's memory
+    a.ask(op="alloc", name="live", gib=gib(0.6))
+    b.ask(op="alloc", name="live", gib=gib(0.3))
+    times = {"A": [], "B": []}
+    results = {"A": [], "B": []}
+    for _ in range(8):
+        b.ask(op="alloc", name="cache", gib=gib(0.05))
+        b.ask(op="free", name="cache")  # B caches 5 % of the device: the device is about full
+        at = time.time() + 0.2
+        cmd = json.dumps({"op": "alloc_at", "at": at, "bytes": int(0.15 * TOTAL)}) + "\n"
+        for job in (a, b):
+            job.proc.stdin.write(cmd)
+            job.proc.stdin.flush()
+        for job in (a, b):
+            reply = json.loads(job.proc.stdout.readline())
+            times[job.name].append(reply["seconds"])
+            results[job.name].append("memory" if reply["got"] else "out of memory")
+    lines = []
+    for name, job in (("A", a), ("B", b)):
+        st = job._ask({"op": "figures"}).get("sharing") or {}
+        lines.append(f"{name}: 15 % of the device at the same instant as the other, 8 rounds: median "
+                     f"{statistics.median(times[name]) * 1e3:.1f} ms, max {max(times[name]) * 1e3:.1f} ms; "
+                     f"{results[name].count('memory')} got memory, {results[name].count('out of memory')} out of memory; "
+                     f"asks made {st.get('asks_made')}, answered {st.get('asks_served')}, timed out {st.get('asks_timed_out')}")
+    worst = max(max(times["A"]), max(times["B"]))
+    lines.append("verdict: " + ("PASS" if worst <= 0.1 else "FAIL") + f" (both end within 100 ms: slowest {worst * 1e3:.1f} ms)")
+    return lines
+
+
+TOTAL = 0  # the device's memory in bytes, set by main
+
+
 CASES = {"hoarding": (hoarding, ("gpumem", "native")), "floor": (floor, ("gpumem", "native")),
          "swinging": (swinging, ("gpumem", "gpumem-static", "native-fraction", "native")),
-         "cost": (cost, ("gpumem",))}
+         "cost": (cost, ("gpumem",)), "at_once": (at_once, ("gpumem",))}
 
 
 PROBE = ("import torch\n"
@@ -344,6 +391,8 @@ def main(argv: list[str]) -> int:
         return 0
     total_text, name = probe.stdout.strip().split(" ", 1)
     total = int(total_text)
+    global TOTAL
+    TOTAL = total
     print(f"device 0: {name}, {total / GiB:.1f} GiB; sizes x{scale:g}", flush=True)
     for name in (list(CASES) if "all" in names else names):
         case, modes = CASES[name]
