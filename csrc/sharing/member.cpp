@@ -73,6 +73,9 @@ void ShareClient::join() {
   auto table = std::make_shared<ShareTable>(path_, options_.lock_wait);
   const std::uint32_t index = table->claim(pid_);
   if (index >= ShareTable::kSlots) {
+    if (std::string why = table->damaged(); !why.empty()) {
+      throw ShareError("gpumem: sharing: " + path_ + " " + why + " while this process joined; not sharing");
+    }
     throw ShareError("gpumem: sharing: every one of the " + std::to_string(ShareTable::kSlots) + " slots of " + path_ +
                      " is held by a live process; not sharing");
   }
@@ -226,7 +229,10 @@ bool ShareClient::ask_others() {
     }
   }
   publish(j);
-  if (copies.empty()) return false;
+  if (copies.empty()) {  // nobody to ask; the ceiling may still be of members that left
+    refresh_ceiling(j);
+    return false;
+  }
   const auto deadline = std::chrono::steady_clock::now() + options_.ask_wait;
   for (;;) {
     std::vector<Asked> unanswered;

@@ -705,11 +705,14 @@ TEST_CASE("sharing across processes: a forked child is not a member: its exit le
     }
     int status = 0;
     ::waitpid(leaving, &status, 0);
+    Pipe forked;
     const pid_t sleeper = ::fork();
     if (sleeper == 0) {
+      forked.say('f');  // past fork(): its handlers ran in this child
       ::pause();
       ::_exit(0);
     }
+    forked.hear();
     (void)!::write(sleeper_pid.fd[1], &sleeper, sizeof sleeper);
     ready.say('r');
     ::pause();
