@@ -95,7 +95,7 @@ def test_the_same_torch_passes():
 
 
 def test_another_local_label_of_the_same_release_and_cuda_build_passes():
-    assert _build_check.mismatch(record("2.11.0+cu130"), "2.11.0", "13.0") is None
+    assert _build_check.mismatch(record("2.11.0+cu130", "13.0"), "2.11.0", "13.0") is None
 
 
 @pytest.mark.parametrize("built, running", [
