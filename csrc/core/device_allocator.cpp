@@ -87,7 +87,13 @@ void DeviceAllocator::set_share(ShareHooks* share) {
   }
   // Asks already handed the old hooks run with no lock held: the hooks may go once they ended
   // (each is bounded by the sharing's own wait).
-  while (core_.asks_in_flight_.load(std::memory_order_acquire) > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (;;) {
+    {
+      const WholeDevice whole(core_);
+      if (!core_.asks_in_flight()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 std::optional<MemInfo> DeviceAllocator::mem_info_outside_capture() {

@@ -6,6 +6,7 @@
 #include <exception>
 #include <string>
 #include <utility>
+#include <unistd.h>
 #include <vector>
 
 #include "core/limit_spec.h"
@@ -125,19 +126,30 @@ bool DeviceCore::ask_neighbours(Asking& asking) {
     ~Done() { in_flight.fetch_sub(1, std::memory_order_release); }
   } done{asks_in_flight_};
   ShareHooks* hooks = std::exchange(asking.hooks, nullptr);
-  hooks->ask(std::exchange(asking.bytes, 0));
+  hooks->ask(std::exchange(asking.bytes, 0), std::exchange(asking.budget_needed, 0));
   asking.asked = true;
   return true;
 }
 
 // Under the whole device: the hooks to ask for `size` bytes, once a request (nullptr where
-// nobody shares the GPU or they were asked already), counted in flight until asked.
-ShareHooks* DeviceCore::hooks_to_ask(Asking& asking, std::size_t size) {
+// nobody shares the GPU or they were asked already), counted in flight until asked. With
+// `budget_needed`, only the shared ceiling stood in the way: the budget the request needs.
+ShareHooks* DeviceCore::hooks_to_ask(Asking& asking, std::size_t size, std::size_t budget_needed) {
   if (!d_.share || asking.asked) return nullptr;
+  const int process = static_cast<int>(::getpid());
+  if (asks_process_ != process) {  // a forked child: its parent's asks are not its own
+    asks_process_ = process;
+    asks_in_flight_.store(0, std::memory_order_release);
+  }
   asks_in_flight_.fetch_add(1, std::memory_order_acq_rel);
   asking.hooks = d_.share;
   asking.bytes = size;
+  asking.budget_needed = budget_needed;
   return asking.hooks;
+}
+
+bool DeviceCore::asks_in_flight() const {
+  return asks_process_ == static_cast<int>(::getpid()) && asks_in_flight_.load(std::memory_order_acquire) > 0;
 }
 
 [[gnu::noinline]] Block* DeviceCore::malloc_on_device(std::size_t size, std::size_t requested, StreamId stream,
@@ -160,7 +172,9 @@ ShareHooks* DeviceCore::hooks_to_ask(Asking& asking, std::size_t size) {
   measure_outside();
   if (!fits_under(allocated(), size, d_.cap.budget())) {
     // Only the others' floors and tensors stand in the way: they are asked for fresh figures.
-    if (fits_under(allocated(), size, d_.cap.hard_budget()) && hooks_to_ask(asking, size)) return nullptr;
+    if (fits_under(allocated(), size, d_.cap.hard_budget()) && hooks_to_ask(asking, size, allocated() + size)) {
+      return nullptr;
+    }
     throw_oom(requested, size);
   }
   block = sources_.serving(*r.pool).grow(r);
@@ -363,7 +377,9 @@ void* DeviceCore::malloc_uncached(std::size_t requested, Asking& asking) {
   // New memory, as a growth of the chain is: the others are asked where their floors stand in the
   // way, or the device refuses.
   if (!fits_under(allocated(), bytes, d_.cap.budget())) {
-    if (fits_under(allocated(), bytes, d_.cap.hard_budget()) && hooks_to_ask(asking, bytes)) return nullptr;
+    if (fits_under(allocated(), bytes, d_.cap.hard_budget()) && hooks_to_ask(asking, bytes, allocated() + bytes)) {
+      return nullptr;
+    }
     throw_oom(requested, bytes);
   }
   bool device_refused = false;

@@ -88,6 +88,7 @@ class DeviceCore {
   struct Asking {
     ShareHooks* hooks = nullptr;  // to be asked, for `bytes`; counted in asks_in_flight_ until then
     std::size_t bytes = 0;
+    std::size_t budget_needed = 0;  // where only the shared ceiling refused: the budget the request needs
     bool asked = false;
   };
 
@@ -130,7 +131,9 @@ class DeviceCore {
   inline bool free_in_lane(LaneSlot& slot, Block* block);
   // The chain and the free under the whole device (what the lanes could not serve).
   Block* malloc_on_device(std::size_t size, std::size_t requested, StreamId stream, Asking& asking);
-  ShareHooks* hooks_to_ask(Asking& asking, std::size_t size);
+  ShareHooks* hooks_to_ask(Asking& asking, std::size_t size, std::size_t budget_needed = 0);
+  // Whether asks of this process run now (a forked child has none, whatever its parent had).
+  bool asks_in_flight() const;
   void free_on_device(Block* block);
   // What the lanes may serve while nothing holds the whole device: a cached malloc while no graph
   // captures and no block pends on a stream; a cached free while no graph captures, no release
@@ -187,6 +190,7 @@ class DeviceCore {
   // here, on the slow path, so that the lanes' cached path counts nothing (for tests and benchmarks).
   std::uint64_t on_device_ = 0;
   std::atomic<int> asks_in_flight_{0};  // asks running with no lock held (set_share waits for them)
+  int asks_process_ = 0;                // the process they run in (under the whole device)
 };
 
 }  // namespace gpumem

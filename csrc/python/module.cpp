@@ -23,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backends/sim_backend.h"
 #include "core/caching_allocator.h"
@@ -299,31 +300,37 @@ class Sharing {
     forget_if_forked();
     if (members_.count({&core, device})) return;
     DeviceAllocator& alloc = core.device(device);
-    auto member = std::make_unique<Member>(alloc);
+    auto member = std::make_shared<Member>(alloc);
     member->client = std::make_unique<ShareClient>(path, member->host, alloc.device_total());
     member->client->start();
     alloc.set_share(member->client.get());
     members_[{&core, device}] = std::move(member);
   }
-  ShareClient* find(CachingAllocator& core, int device) {
+  // The member, kept alive while the caller uses it (a leave meanwhile unmakes it after).
+  std::shared_ptr<ShareClient> find(CachingAllocator& core, int device) {
     const std::lock_guard<std::mutex> guard(mutex_);
     forget_if_forked();
     auto it = members_.find({&core, device});
-    return it == members_.end() ? nullptr : it->second->client.get();
+    if (it == members_.end()) return nullptr;
+    return std::shared_ptr<ShareClient>(it->second, it->second->client.get());
   }
   void leave_all(CachingAllocator* only = nullptr) {
-    const std::lock_guard<std::mutex> guard(mutex_);
-    forget_if_forked();
-    for (auto it = members_.begin(); it != members_.end();) {
-      if (only && it->first.first != only) {
-        ++it;
-        continue;
+    std::vector<std::shared_ptr<Member>> leaving;
+    {
+      const std::lock_guard<std::mutex> guard(mutex_);
+      forget_if_forked();
+      for (auto it = members_.begin(); it != members_.end();) {
+        if (only && it->first.first != only) {
+          ++it;
+          continue;
+        }
+        leaving.push_back(std::move(it->second));
+        it = members_.erase(it);
       }
-      it->second->alloc.set_share(nullptr);
-      it->second->client.reset();  // stops the responder, frees the slot
-      it = members_.erase(it);
     }
-  }
+    // With no lock of this registry held: unsetting the hooks waits for asks in flight.
+    for (const auto& member : leaving) member->alloc.set_share(nullptr);
+  }  // the members go here, or with the last caller still using one: responders stopped, slots freed
 
  private:
   struct Member {
@@ -332,29 +339,30 @@ class Sharing {
     DeviceHost host;
     std::unique_ptr<ShareClient> client;
   };
-  // In a forked child: the parent's members are let go of, unmade (their threads are not here),
-  // and the child's allocators stop asking through them.
+  // In a forked child: the parent's members are let go of, never unmade (their threads are not
+  // here), and the child's allocators stop asking through them.
   void forget_if_forked() {
     const int now = static_cast<int>(::getpid());
     if (now == process_) return;
+    static auto* kept = new std::vector<std::shared_ptr<Member>>;  // never destroyed
     for (auto& [key, member] : members_) {
       member->alloc.set_share(nullptr);
-      (void)member.release();
+      kept->push_back(std::move(member));
     }
     members_.clear();
     process_ = now;
   }
   std::mutex mutex_;
   int process_ = static_cast<int>(::getpid());
-  std::map<std::pair<const CachingAllocator*, int>, std::unique_ptr<Member>> members_;
+  std::map<std::pair<const CachingAllocator*, int>, std::shared_ptr<Member>> members_;
 };
 
 void leave_sharing(CachingAllocator& core) { Sharing::get().leave_all(&core); }
 
-ShareClient& member_of(CachingAllocator& core, int device) {
-  ShareClient* client = Sharing::get().find(core, device);
+std::shared_ptr<ShareClient> member_of(CachingAllocator& core, int device) {
+  std::shared_ptr<ShareClient> client = Sharing::get().find(core, device);
   if (!client) throw std::invalid_argument("gpumem: device " + std::to_string(device) + " does not share its GPU: join first");
-  return *client;
+  return client;
 }
 
 py::dict member_view(const ShareMemberView& o) {
@@ -363,7 +371,7 @@ py::dict member_view(const ShareMemberView& o) {
 }
 
 py::object share_status(CachingAllocator& core, int device) {
-  ShareClient* client = Sharing::get().find(core, device);
+  const std::shared_ptr<ShareClient> client = Sharing::get().find(core, device);
   if (!client) return py::none();
   const ShareStatus s = client->status();
   py::list others;
@@ -378,9 +386,9 @@ py::object share_status(CachingAllocator& core, int device) {
 }
 
 FloorGrant grant_floor(CachingAllocator& core, int device, std::size_t bytes) {
-  ShareClient& client = member_of(core, device);
+  const std::shared_ptr<ShareClient> client = member_of(core, device);
   const py::gil_scoped_release release;
-  return client.set_floor(bytes);
+  return client->set_floor(bytes);
 }
 
 py::dict grant_dict(const FloorGrant& g) {

@@ -132,32 +132,47 @@ std::size_t ShareClient::refresh_ceiling(const Joined& j) {
     unaccounted_.store(unaccounted(total_, mem->free, host_.reserved(), tally), std::memory_order_relaxed);
   }
   const std::size_t ceiling = share_ceiling(total_, unaccounted_.load(std::memory_order_relaxed), tally);
-  if (ceiling != ceiling_.load(std::memory_order_relaxed)) {
-    host_.set_ceiling(ceiling);
-    ceiling_.store(ceiling, std::memory_order_relaxed);
-  }
+  set_ceiling(ceiling);
   return ceiling;
+}
+
+void ShareClient::set_ceiling(std::size_t ceiling) {
+  const std::lock_guard<std::mutex> guard(ceiling_mutex_);
+  if (ceiling == ceiling_.load(std::memory_order_relaxed)) return;
+  host_.set_ceiling(ceiling);
+  ceiling_.store(ceiling, std::memory_order_relaxed);
+}
+
+// Note [a table cut under its mapping] (sharing/table.cpp): a fresh table, a slot again, and the
+// floor granted again there (the others may have taken floors meanwhile).
+void ShareClient::rejoin(const std::string& why) {
+  try {
+    floor_.store(0, std::memory_order_relaxed);
+    join();
+    {
+      const std::lock_guard<std::mutex> guard(slow_mutex_);
+      slow_.clear();  // the asks counters started again
+    }
+    if (const std::size_t asked = floor_asked_.load(std::memory_order_relaxed)) grant(joined(), asked);
+    const std::lock_guard<std::mutex> guard(problem_mutex_);
+    problem_.clear();
+  } catch (const std::exception& error) {
+    {
+      const std::lock_guard<std::mutex> guard(problem_mutex_);
+      problem_ = path_ + " " + why + ", and no fresh table could be joined (" + error.what() +
+                 "): this process is alone until one can";
+    }
+    set_ceiling(SIZE_MAX);
+    throw;
+  }
 }
 
 void ShareClient::follow_now() {
   if (forked()) return;
   Joined j = joined();
   if (std::string why = j.table->damaged(); !why.empty()) {
-    // Note [a table cut under its mapping] (sharing/table.cpp): a fresh table, this slot again.
-    try {
-      join();
-      j = joined();
-      const std::lock_guard<std::mutex> guard(problem_mutex_);
-      problem_.clear();
-    } catch (const std::exception& error) {
-      {
-        const std::lock_guard<std::mutex> guard(problem_mutex_);
-        problem_ = path_ + " " + why + ", and no fresh table could be joined (" + error.what() +
-                   "): this process is alone until one can";
-      }
-      if (ceiling_.exchange(SIZE_MAX) != SIZE_MAX) host_.set_ceiling(SIZE_MAX);
-      return;
-    }
+    rejoin(why);  // throws where it cannot: the responder tries again next round
+    j = joined();
   }
   const std::lock_guard<std::mutex> guard(answering_);
   std::uint32_t asks = 0;
@@ -184,7 +199,9 @@ void ShareClient::respond_loop() {
     try {
       const Joined j = joined();
       std::uint32_t asks = 0;
-      if (j.table->asks_of(j.index, asks) && asks == answered_.load(std::memory_order_relaxed)) {
+      if (!j.table->asks_of(j.index, asks)) {
+        std::this_thread::sleep_for(options_.poll);  // a cut table: rejoined below, a round at a time
+      } else if (asks == answered_.load(std::memory_order_relaxed)) {
         j.table->wait_for_ask(j.index, asks, options_.poll);
       }
       if (stopping_.load()) break;
@@ -197,8 +214,11 @@ void ShareClient::respond_loop() {
 
 // ---- asking ----
 
-void ShareClient::ask(std::size_t) noexcept {
+void ShareClient::ask(std::size_t, std::size_t budget_needed) noexcept {
   try {
+    // Where only the ceiling refused, a fresh one may be enough (its last round was up to a poll
+    // ago): the others are asked only if it is not.
+    if (budget_needed > 0 && !forked() && refresh_ceiling(joined()) >= budget_needed) return;
     ask_others();
   } catch (...) {
     // Nothing was given back: the request fails as it would have alone.
@@ -261,29 +281,39 @@ bool ShareClient::ask_others() {
 // Granted under the table's lock, from what the others' floors leave: two floors asked at once
 // are granted one after the other, and add up to the device at most.
 FloorGrant ShareClient::set_floor(std::size_t bytes) {
-  FloorGrant grant;
-  grant.asked = bytes;
+  floor_asked_.store(bytes, std::memory_order_relaxed);
   const Joined j = joined();
-  j.table->exclusively([&] {
-    std::size_t floors = 0;
-    for (const SlotCopy& c : others(j)) {
-      floors = saturating_add(floors, c.floor);
-      if (c.floor > 0) grant.floor_holders.push_back(view_of(c));
-    }
-    grant.granted = grantable_floor(bytes, total_, floors);
-    floor_.store(grant.granted, std::memory_order_relaxed);
-    publish(j);
-  });
+  FloorGrant g = grant(j, bytes);
   // The others answer with fresh figures, and their free cache first goes back for the floor.
-  if (grant.granted > 0) ask_others();
+  if (g.granted > 0) ask_others();
   const ShareTally tally = tally_of(others(j));
   if (const std::optional<MemInfo> mem = host_.mem_info()) {
     unaccounted_.store(unaccounted(total_, mem->free, host_.reserved(), tally), std::memory_order_relaxed);
   }
   const std::size_t room =
       std::max(host_.reserved(), share_room(total_, unaccounted_.load(std::memory_order_relaxed), tally));
-  grant.short_now = grant.granted > room ? grant.granted - room : 0;
-  return grant;
+  g.short_now = g.granted > room ? g.granted - room : 0;
+  return g;
+}
+
+FloorGrant ShareClient::grant(const Joined& j, std::size_t bytes) {
+  FloorGrant g;
+  g.asked = bytes;
+  j.table->exclusively([&] {
+    std::vector<SlotCopy> copies;
+    if (!j.table->read_others(j.index, total_, copies)) {
+      throw ShareError("gpumem: sharing: " + path_ + " " + j.table->damaged() + " while a floor was granted");
+    }
+    std::size_t floors = 0;
+    for (const SlotCopy& c : copies) {
+      floors = saturating_add(floors, c.floor);
+      if (c.floor > 0) g.floor_holders.push_back(view_of(c));
+    }
+    g.granted = grantable_floor(bytes, total_, floors);
+    floor_.store(g.granted, std::memory_order_relaxed);
+    publish(j);
+  });
+  return g;
 }
 
 ShareStatus ShareClient::status() {

@@ -117,7 +117,7 @@ class ShareClient final : public ShareHooks {
   // others' floors (the ceiling). Tests call it to settle.
   void follow_now();
 
-  void ask(std::size_t bytes) noexcept override;
+  void ask(std::size_t bytes, std::size_t budget_needed) noexcept override;
   std::string describe(const std::vector<ProcessUse>& on_device) const noexcept override;
 
   std::string table_path() const { return path_; }
@@ -134,6 +134,9 @@ class ShareClient final : public ShareHooks {
   std::vector<SlotCopy> others(const Joined& j) const;
   void publish(const Joined& j);
   std::size_t refresh_ceiling(const Joined& j);
+  void set_ceiling(std::size_t ceiling);
+  FloorGrant grant(const Joined& j, std::size_t bytes);
+  void rejoin(const std::string& why);
   void respond_loop();
 
   const std::string path_;
@@ -145,6 +148,8 @@ class ShareClient final : public ShareHooks {
   mutable std::mutex joined_mutex_;  // guards joined_ (the responder swaps it when it rejoins)
   Joined joined_;
   std::atomic<std::size_t> floor_{0};
+  std::atomic<std::size_t> floor_asked_{0};  // what set_floor asked for: granted again on a rejoin
+  std::mutex ceiling_mutex_;  // one refresh at a time: the cap and ceiling_ never disagree
   std::atomic<std::size_t> unaccounted_{0};
   std::atomic<std::size_t> ceiling_{SIZE_MAX};
   std::atomic<std::uint64_t> asks_made_{0}, asks_served_{0}, given_back_{0}, asks_timed_out_{0};

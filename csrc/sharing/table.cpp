@@ -48,12 +48,13 @@ std::string error_text() { return std::strerror(errno); }
 __attribute__((tls_model("initial-exec"))) thread_local sigjmp_buf* t_jump = nullptr;
 struct sigaction g_previous_bus {};
 
-void on_bus_error(int, siginfo_t*, void*) {
+void on_bus_error(int, siginfo_t* info, void*) {
   if (sigjmp_buf* jump = t_jump) {
     t_jump = nullptr;
     siglongjmp(*jump, 1);
   }
   ::sigaction(SIGBUS, &g_previous_bus, nullptr);
+  if (info && info->si_code <= 0) ::raise(SIGBUS);  // sent (kill): it would not come again by itself
 }
 
 // The accesses it guards touch atomics of the mapping and plain locals only: nothing whose
@@ -91,7 +92,7 @@ void after_fork_in_child() {
   for (Registered& entry : g_tables) {
     const int stored = entry.fd_plus_one.exchange(0);
     if (stored <= 0) continue;
-    if (void* map = entry.map.load()) {
+    if (void* map = entry.map.exchange(nullptr)) {
       ::mmap(map, entry.bytes.load(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     }
     if (null_fd < 0 || ::dup3(null_fd, stored - 1, O_CLOEXEC) < 0) ::close(stored - 1);
@@ -111,13 +112,20 @@ void install_process_handlers() {
   });
 }
 
-void remember(int fd, void* map, std::size_t bytes) {
+// At the open, before anything is locked or mapped (a fork may come at any time); the mapping once
+// it is made.
+void remember(int fd) {
   for (Registered& entry : g_tables) {
     int none = 0;
-    if (!entry.fd_plus_one.compare_exchange_strong(none, -1)) continue;  // -1: being filled
-    entry.map.store(map);
+    if (entry.fd_plus_one.compare_exchange_strong(none, fd + 1)) return;
+  }
+}
+
+void remember_map(int fd, void* map, std::size_t bytes) {
+  for (Registered& entry : g_tables) {
+    if (entry.fd_plus_one.load() != fd + 1) continue;
     entry.bytes.store(bytes);
-    entry.fd_plus_one.store(fd + 1);
+    entry.map.store(map);
     return;
   }
 }
@@ -125,7 +133,10 @@ void remember(int fd, void* map, std::size_t bytes) {
 void forget(int fd) {
   for (Registered& entry : g_tables) {
     int mine = fd + 1;
-    if (entry.fd_plus_one.compare_exchange_strong(mine, 0)) return;
+    if (entry.fd_plus_one.load() != mine) continue;
+    entry.map.store(nullptr);
+    entry.fd_plus_one.store(0);
+    return;
   }
 }
 
@@ -175,11 +186,11 @@ ShareTable::ShareTable(const std::string& path, std::chrono::milliseconds lock_w
   try {
     open_or_make();
   } catch (...) {
+    if (fd_ >= 0) forget(fd_);
     if (map_) ::munmap(map_, bytes_);
     if (fd_ >= 0) ::close(fd_);
     throw;
   }
-  remember(fd_, map_, bytes_);
 }
 
 ShareTable::~ShareTable() {
@@ -192,6 +203,7 @@ ShareTable::~ShareTable() {
 void ShareTable::open_or_make() {
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd_ < 0) throw ShareError("gpumem: sharing: cannot open " + path_ + ": " + error_text());
+  remember(fd_);
   struct stat info {};
   if (::fstat(fd_, &info) != 0) throw ShareError("gpumem: sharing: cannot read " + path_ + ": " + error_text());
   if (std::string why = share_file_problem(info, ::geteuid()); !why.empty()) {
@@ -204,8 +216,14 @@ void ShareTable::open_or_make() {
     map_ = nullptr;
     throw ShareError("gpumem: sharing: cannot map " + path_ + ": " + error_text());
   }
+  remember_map(fd_, map_, bytes_);
   slots_ = reinterpret_cast<ShareSlot*>(static_cast<char*>(map_) + kSlotsOffset);
-  if (static_cast<std::size_t>(info.st_size) == bytes_ && header_whole()) {
+  auto* header = static_cast<ShareHeader*>(map_);
+  auto whole = [&] {
+    return static_cast<std::size_t>(info.st_size) == bytes_ && header_whole() &&
+           guarded([&] { generation_ = header->generation; });
+  };
+  if (whole()) {
     identity_ = info;
     return;
   }
@@ -213,11 +231,10 @@ void ShareTable::open_or_make() {
   // afresh under the creation lock. A table of another gpumem version is left to its members.
   const Exclusive held(*this);
   if (::fstat(fd_, &info) != 0) throw ShareError("gpumem: sharing: cannot read " + path_ + ": " + error_text());
-  if (static_cast<std::size_t>(info.st_size) == bytes_ && header_whole()) {
+  if (whole()) {
     identity_ = info;
     return;
   }
-  auto* header = static_cast<ShareHeader*>(map_);
   std::uint64_t magic = 0;
   std::uint32_t version = 0;
   if (static_cast<std::size_t>(info.st_size) >= sizeof(ShareHeader) &&
@@ -228,9 +245,11 @@ void ShareTable::open_or_make() {
   if (::ftruncate(fd_, 0) != 0 || ::ftruncate(fd_, static_cast<off_t>(bytes_)) != 0) {
     throw ShareError("gpumem: sharing: cannot size " + path_ + ": " + error_text());
   }
+  generation_ = random_token();
   const bool written = guarded([&] {
     header->version = kVersion;
     header->slots = kSlots;
+    header->generation = generation_;
     header->magic = kMagic;  // zero-filled slots are free slots
   });
   if (!written || ::fstat(fd_, &info) != 0) throw ShareError("gpumem: sharing: " + path_ + " was cut while it was made");
@@ -244,7 +263,9 @@ bool ShareTable::header_whole() const {
   return whole;
 }
 
-ShareTable::Exclusive::Exclusive(ShareTable& t) : table(t) {
+// The file's flock, and this handle's mutex first: threads of one process share the handle's open
+// file description, whose flock does not keep them apart.
+ShareTable::Exclusive::Exclusive(ShareTable& t) : table(t), threads(t.exclusive_mutex_) {
   const auto deadline = std::chrono::steady_clock::now() + table.lock_wait_;
   while (::flock(table.fd_, LOCK_EX | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK && errno != EINTR) {
@@ -450,6 +471,10 @@ std::string ShareTable::damaged() {
   if (::stat(path_.c_str(), &named) != 0) return "was removed";
   if (named.st_dev != identity_.st_dev || named.st_ino != identity_.st_ino) return "was replaced by another file";
   if (!header_whole()) return "has lost its header";
+  const auto* header = static_cast<const ShareHeader*>(map_);
+  std::uint64_t generation = 0;
+  if (!guarded([&] { generation = header->generation; })) return "was cut";
+  if (generation != generation_) return "was made afresh by another process";
   return "";
 }
 

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <sys/stat.h>
@@ -46,6 +47,7 @@ struct ShareHeader {
   std::uint64_t magic;
   std::uint32_t version;
   std::uint32_t slots;
+  std::uint64_t generation;  // random, stamped when the table is made: a table made afresh has another
 };
 
 // What the table's file must be to be trusted: a regular file owned by `uid`, mode 0600 or
@@ -123,7 +125,7 @@ class ShareTable {
 
   // ---- the file ----
   // "" while the file is the whole table this handle mapped; else why not (cut, replaced,
-  // removed, another header). One fstat and one stat.
+  // removed, another header, made afresh by another process). One fstat and one stat.
   std::string damaged();
   // Runs `grant` under the table's creation lock, waited for at most the handle's lock wait
   // (ShareError past it): floors are granted one at a time, so that they add up.
@@ -138,6 +140,7 @@ class ShareTable {
     explicit Exclusive(ShareTable& table);
     ~Exclusive();
     ShareTable& table;
+    std::lock_guard<std::mutex> threads;
   };
   struct Owned {
     std::uint32_t index;
@@ -157,7 +160,9 @@ class ShareTable {
   struct stat identity_ {};  // the file's device and inode, as opened
   std::uint64_t pid_ns_ = 0;
   std::uint64_t token_ = 0;
+  std::uint64_t generation_ = 0;  // the table's generation, as opened
   std::vector<Owned> owned_;  // the slots this handle claimed (one, but for tests)
+  std::mutex exclusive_mutex_;
   int opened_by_ = 0;  // the pid that opened it: a forked child neither closes nor unlocks it
 };
 

@@ -270,8 +270,8 @@ TEST_CASE("sharing table: a table cut under its mapping fails the calls instead 
   CHECK_THAT(table.damaged(), Catch::Contains("was cut to 0 bytes"));
   ShareTable fresh(path);  // made afresh; the cut handle's slot lock still stands
   CHECK(fresh.damaged().empty());
-  CHECK(table.damaged().empty());  // the same file, whole again: its owner rewrites its slot
-  CHECK(table.publish(slot, {1, 2, 3}));
+  CHECK_THAT(table.damaged(), Catch::Contains("made afresh"));  // its member rejoins, floor granted again
+  CHECK(table.publish(slot, {1, 2, 3}));  // the mapping is whole again meanwhile
   REQUIRE(fresh.read_others(ShareTable::kSlots, 8 * GiB, seen));
   REQUIRE(seen.size() == 1);
   CHECK(seen[0].floor == 1);
@@ -586,6 +586,59 @@ TEST_CASE("sharing: a writer cannot silence a member by answering for it, nor er
   }
   CHECK(floor == 1 * GiB);  // its owner wrote it again
   ::close(fd);
+}
+
+TEST_CASE("sharing: a table cut under its members is rejoined, their floors granted again so that they still add up") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(8 * GiB);
+  Member a(device, dir.table()), b(device, dir.table());
+  CHECK(a.share->set_floor(6 * GiB).granted == 6 * GiB);
+  CHECK(b.share->set_floor(6 * GiB).granted == 2 * GiB);
+  REQUIRE(::truncate(dir.table().c_str(), 0) == 0);
+  b.share->follow_now();  // b rejoins first: it may now be granted what it asked for
+  a.share->follow_now();
+  CHECK(b.share->status().problem.empty());
+  CHECK(a.share->status().problem.empty());
+  CHECK(a.share->floor() + b.share->floor() <= 8 * GiB);
+  CHECK(b.share->floor() == 6 * GiB);
+  CHECK(a.share->floor() == 2 * GiB);
+  REQUIRE(a.share->status().others.size() == 1);  // they see each other again
+  CHECK(a.share->status().others[0].floor == 6 * GiB);
+}
+
+TEST_CASE("sharing: a child forked while its parent asks can let go of the sharing without waiting for that ask") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(8 * GiB);
+  ShareOptions bounded = Member::test_options();
+  bounded.ask_wait = std::chrono::milliseconds(3000);
+  Member a(device, dir.table(), std::nullopt, 0, bounded);
+  Member silent(device, dir.table());  // never answers
+  silent.alloc.free(silent.alloc.malloc(7 * GiB, kStream0));
+  ShareTable watcher(dir.table());
+  const std::uint32_t silent_slot = silent.share->slot_index();
+  std::thread asker([&] {
+    try {
+      a.alloc.malloc(4 * GiB, kStream0);
+    } catch (const OutOfMemoryError&) {
+    }
+  });
+  for (bool asked = false; !asked;) {
+    std::vector<SlotCopy> seen;
+    watcher.read_others(ShareTable::kSlots, 8 * GiB, seen);
+    for (const SlotCopy& c : seen) asked = asked || (c.index == silent_slot && c.asks != c.served);
+  }
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::alarm(20);                  // a wait for the parent's ask would never end here
+    a.alloc.set_share(nullptr);   // as the child's own leave does
+    ::_exit(7);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 7);
+  asker.join();
 }
 
 // ---- the protocol, forked processes ----
