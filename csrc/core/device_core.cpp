@@ -126,15 +126,15 @@ bool DeviceCore::ask_neighbours(Asking& asking) {
     ~Done() { in_flight.fetch_sub(1, std::memory_order_release); }
   } done{asks_in_flight_};
   ShareHooks* hooks = std::exchange(asking.hooks, nullptr);
-  hooks->ask(std::exchange(asking.bytes, 0), std::exchange(asking.budget_needed, 0));
+  hooks->ask(std::exchange(asking.budget_needed, 0));
   asking.asked = true;
   return true;
 }
 
-// Under the whole device: the hooks to ask for `size` bytes, once a request (nullptr where
-// nobody shares the GPU or they were asked already), counted in flight until asked. With
-// `budget_needed`, only the shared ceiling stood in the way: the budget the request needs.
-ShareHooks* DeviceCore::hooks_to_ask(Asking& asking, std::size_t size, std::size_t budget_needed) {
+// Under the whole device: the hooks to ask, once a request (nullptr where nobody shares the GPU
+// or they were asked already), counted in flight until asked. With `budget_needed`, only the
+// shared ceiling stood in the way: the budget the request needs.
+ShareHooks* DeviceCore::hooks_to_ask(Asking& asking, std::size_t budget_needed) {
   if (!d_.share || asking.asked) return nullptr;
   const int process = static_cast<int>(::getpid());
   if (asks_process_ != process) {  // a forked child: its parent's asks are not its own
@@ -143,7 +143,6 @@ ShareHooks* DeviceCore::hooks_to_ask(Asking& asking, std::size_t size, std::size
   }
   asks_in_flight_.fetch_add(1, std::memory_order_acq_rel);
   asking.hooks = d_.share;
-  asking.bytes = size;
   asking.budget_needed = budget_needed;
   return asking.hooks;
 }
@@ -172,7 +171,7 @@ bool DeviceCore::asks_in_flight() const {
   measure_outside();
   if (!fits_under(allocated(), size, d_.cap.budget())) {
     // Only the others' floors and tensors stand in the way: they are asked for fresh figures.
-    if (fits_under(allocated(), size, d_.cap.hard_budget()) && hooks_to_ask(asking, size, allocated() + size)) {
+    if (fits_under(allocated(), size, d_.cap.hard_budget()) && hooks_to_ask(asking, allocated() + size)) {
       return nullptr;
     }
     throw_oom(requested, size);
@@ -193,7 +192,7 @@ bool DeviceCore::asks_in_flight() const {
   }
   if (retried) ++d_.stats.num_alloc_retries;
   if (!block && d_.departing.bytes() > 0) return nullptr;  // malloc waits for it and calls again
-  if (!block && r.device_refused && hooks_to_ask(asking, size)) return nullptr;  // malloc asks, calls again
+  if (!block && r.device_refused && hooks_to_ask(asking)) return nullptr;  // malloc asks, calls again
   if (!block) throw_oom(requested, size, r.device_refused);
   block = place(block, size, requested, nullptr);
   if (release_.threshold() > 0.0) release_.apply_threshold();
@@ -377,7 +376,7 @@ void* DeviceCore::malloc_uncached(std::size_t requested, Asking& asking) {
   // New memory, as a growth of the chain is: the others are asked where their floors stand in the
   // way, or the device refuses.
   if (!fits_under(allocated(), bytes, d_.cap.budget())) {
-    if (fits_under(allocated(), bytes, d_.cap.hard_budget()) && hooks_to_ask(asking, bytes, allocated() + bytes)) {
+    if (fits_under(allocated(), bytes, d_.cap.hard_budget()) && hooks_to_ask(asking, allocated() + bytes)) {
       return nullptr;
     }
     throw_oom(requested, bytes);
@@ -390,7 +389,7 @@ void* DeviceCore::malloc_uncached(std::size_t requested, Asking& asking) {
     ptr = uncached_.reserve(d_.cap, bytes, device_refused);
   }
   if (!ptr && d_.departing.bytes() > 0) return nullptr;  // the facade waits for it and calls again
-  if (!ptr && device_refused && hooks_to_ask(asking, bytes)) return nullptr;  // the facade asks, calls again
+  if (!ptr && device_refused && hooks_to_ask(asking)) return nullptr;  // the facade asks, calls again
   if (!ptr) throw_oom(requested, bytes, device_refused);
   debug_check();
   return ptr;

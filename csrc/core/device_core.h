@@ -86,8 +86,7 @@ class DeviceCore {
   // the whole device hands out the hooks to ask, once a request; the caller asks them with no lock
   // held (ask_neighbours) and calls the chain again.
   struct Asking {
-    ShareHooks* hooks = nullptr;  // to be asked, for `bytes`; counted in asks_in_flight_ until then
-    std::size_t bytes = 0;
+    ShareHooks* hooks = nullptr;  // to be asked; counted in asks_in_flight_ until then
     std::size_t budget_needed = 0;  // where only the shared ceiling refused: the budget the request needs
     bool asked = false;
   };
@@ -131,7 +130,7 @@ class DeviceCore {
   inline bool free_in_lane(LaneSlot& slot, Block* block);
   // The chain and the free under the whole device (what the lanes could not serve).
   Block* malloc_on_device(std::size_t size, std::size_t requested, StreamId stream, Asking& asking);
-  ShareHooks* hooks_to_ask(Asking& asking, std::size_t size, std::size_t budget_needed = 0);
+  ShareHooks* hooks_to_ask(Asking& asking, std::size_t budget_needed = 0);
   // Whether asks of this process run now (a forked child has none, whatever its parent had).
   bool asks_in_flight() const;
   void free_on_device(Block* block);

@@ -16,12 +16,12 @@ namespace gpumem {
 class ShareHooks {
  public:
   virtual ~ShareHooks() = default;
-  // A request of `bytes` bytes found the device full (budget_needed 0), or the shared ceiling in
-  // the way of the budget it needs (`budget_needed`): refreshes the ceiling and, unless that lifts
+  // A request found the device full (budget_needed 0), or the shared ceiling in the way of the
+  // budget it needs (`budget_needed`): refreshes the ceiling and, unless that lifts
   // it to what is needed, asks the other processes to give back free cache, waits for their
   // answers (a bounded wait), and refreshes it again. Called with no allocator lock held; the
   // request is tried once more after it. Never throws.
-  virtual void ask(std::size_t bytes, std::size_t budget_needed) noexcept = 0;
+  virtual void ask(std::size_t budget_needed) noexcept = 0;
   // For the out-of-memory message, under the whole device (it reads memory and waits on nothing):
   // who holds how much and what could not be asked; `on_device`: the processes the driver lists on
   // the GPU (Backend::processes_on), empty where it cannot.

@@ -128,12 +128,26 @@ std::vector<SlotCopy> ShareClient::others(const Joined& j) const {
 // device (not while a graph may be capturing: the last reading stands), put in the cap.
 std::size_t ShareClient::refresh_ceiling(const Joined& j) {
   const ShareTally tally = tally_of(others(j));
-  if (const std::optional<MemInfo> mem = host_.mem_info()) {
-    unaccounted_.store(unaccounted(total_, mem->free, host_.reserved(), tally), std::memory_order_relaxed);
-  }
-  const std::size_t ceiling = share_ceiling(total_, unaccounted_.load(std::memory_order_relaxed), tally);
+  const std::size_t ceiling = share_ceiling(total_, measure_unaccounted(tally), tally);
   set_ceiling(ceiling);
   return ceiling;
+}
+
+// What the device holds outside every member, from a fresh reading (not while a graph may be
+// capturing: the last reading stands).
+std::size_t ShareClient::measure_unaccounted(const ShareTally& others) {
+  if (const std::optional<MemInfo> mem = host_.mem_info()) {
+    unaccounted_.store(unaccounted(total_, mem->free, host_.reserved(), others), std::memory_order_relaxed);
+  }
+  return unaccounted_.load(std::memory_order_relaxed);
+}
+
+// How much of `floor` the device cannot give now: what the others' claims and what the device
+// holds outside them leave, or what this member holds already, whichever is more (a stale figure
+// of another never makes it short of what it has).
+std::size_t ShareClient::shortfall(std::size_t floor, std::size_t unaccounted_bytes, const ShareTally& others) {
+  const std::size_t room = std::max(host_.reserved(), share_room(total_, unaccounted_bytes, others));
+  return floor > room ? floor - room : 0;
 }
 
 void ShareClient::set_ceiling(std::size_t ceiling) {
@@ -214,7 +228,7 @@ void ShareClient::respond_loop() {
 
 // ---- asking ----
 
-void ShareClient::ask(std::size_t, std::size_t budget_needed) noexcept {
+void ShareClient::ask(std::size_t budget_needed) noexcept {
   try {
     // Where only the ceiling refused, a fresh one may be enough (its last round was up to a poll
     // ago): the others are asked only if it is not.
@@ -287,12 +301,7 @@ FloorGrant ShareClient::set_floor(std::size_t bytes) {
   // The others answer with fresh figures, and their free cache first goes back for the floor.
   if (g.granted > 0) ask_others();
   const ShareTally tally = tally_of(others(j));
-  if (const std::optional<MemInfo> mem = host_.mem_info()) {
-    unaccounted_.store(unaccounted(total_, mem->free, host_.reserved(), tally), std::memory_order_relaxed);
-  }
-  const std::size_t room =
-      std::max(host_.reserved(), share_room(total_, unaccounted_.load(std::memory_order_relaxed), tally));
-  g.short_now = g.granted > room ? g.granted - room : 0;
+  g.short_now = shortfall(g.granted, measure_unaccounted(tally), tally);
   return g;
 }
 
@@ -320,13 +329,9 @@ ShareStatus ShareClient::status() {
   ShareStatus s;
   s.floor = floor();
   s.ceiling = ceiling_.load(std::memory_order_relaxed);
-  const std::size_t reserved = host_.reserved();
-  s.borrowed = borrowed(reserved, s.floor);
+  s.borrowed = borrowed(host_.reserved(), s.floor);
   const std::vector<SlotCopy> copies = forked() ? std::vector<SlotCopy>{} : others(joined());
-  // What this member holds already is honoured, whatever a stale figure of another says.
-  const std::size_t room =
-      std::max(reserved, share_room(total_, unaccounted_.load(std::memory_order_relaxed), tally_of(copies)));
-  s.floor_short = s.floor > room ? s.floor - room : 0;
+  s.floor_short = shortfall(s.floor, unaccounted_.load(std::memory_order_relaxed), tally_of(copies));
   s.asks_made = asks_made_.load(std::memory_order_relaxed);
   s.asks_served = asks_served_.load(std::memory_order_relaxed);
   s.given_back = given_back_.load(std::memory_order_relaxed);

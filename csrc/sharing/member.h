@@ -117,7 +117,7 @@ class ShareClient final : public ShareHooks {
   // others' floors (the ceiling). Tests call it to settle.
   void follow_now();
 
-  void ask(std::size_t bytes, std::size_t budget_needed) noexcept override;
+  void ask(std::size_t budget_needed) noexcept override;
   std::string describe(const std::vector<ProcessUse>& on_device) const noexcept override;
 
   std::string table_path() const { return path_; }
@@ -134,6 +134,8 @@ class ShareClient final : public ShareHooks {
   std::vector<SlotCopy> others(const Joined& j) const;
   void publish(const Joined& j);
   std::size_t refresh_ceiling(const Joined& j);
+  std::size_t measure_unaccounted(const ShareTally& others);
+  std::size_t shortfall(std::size_t floor, std::size_t unaccounted_bytes, const ShareTally& others);
   void set_ceiling(std::size_t ceiling);
   FloorGrant grant(const Joined& j, std::size_t bytes);
   void rejoin(const std::string& why);

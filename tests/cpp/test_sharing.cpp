@@ -69,6 +69,15 @@ struct Member {
   }
 };
 
+// Returns once the member in `slot` has an ask it has not answered, as `watcher` reads the table.
+void wait_until_asked(ShareTable& watcher, std::uint32_t slot) {
+  for (bool asked = false; !asked;) {
+    std::vector<SlotCopy> seen;
+    watcher.read_others(ShareTable::kSlots, SIZE_MAX, seen);
+    for (const SlotCopy& c : seen) asked = asked || (c.index == slot && c.asks != c.served);
+  }
+}
+
 std::size_t allocated(const DeviceAllocator& a) {
   return static_cast<std::size_t>(a.stats().allocated_bytes[kAll].current);
 }
@@ -484,11 +493,7 @@ TEST_CASE("sharing: while a request asks the others, the rest of its process all
     }
     ended = true;
   });
-  for (bool asked = false; !asked;) {
-    std::vector<SlotCopy> seen;
-    watcher.read_others(ShareTable::kSlots, 8 * GiB, seen);
-    for (const SlotCopy& c : seen) asked = asked || (c.index == silent_slot && c.asks != c.served);
-  }
+  wait_until_asked(watcher, silent_slot);
   Block* cached = a.alloc.malloc(512 * MiB, kStream1);  // its lane, or the whole device
   a.alloc.free(cached);
   Block* fresh = a.alloc.malloc(256 * MiB, kStream2);  // new memory: the whole device
@@ -622,11 +627,7 @@ TEST_CASE("sharing: a child forked while its parent asks can let go of the shari
     } catch (const OutOfMemoryError&) {
     }
   });
-  for (bool asked = false; !asked;) {
-    std::vector<SlotCopy> seen;
-    watcher.read_others(ShareTable::kSlots, 8 * GiB, seen);
-    for (const SlotCopy& c : seen) asked = asked || (c.index == silent_slot && c.asks != c.served);
-  }
+  wait_until_asked(watcher, silent_slot);
   const pid_t child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) {
