@@ -48,6 +48,8 @@ TORCH_FEATURES = [
     ("ROUNDUP_DIVISIONS", "c10/core/AllocatorConfig.h", r"staticsize_troundup_power2_divisions\(size_tsize\)"),
     ("ROUNDUP_DIVISIONS_TABLE", "c10/core/AllocatorConfig.h",
      r"staticconststd::vector<size_t>&roundup_power2_divisions\(\)"),
+    # Before the setting moved to c10/core (2.6 to 2.8 at least): CUDAAllocatorConfig's own lookup.
+    ("CUDA_ROUNDUP_DIVISIONS", "c10/cuda/CUDAAllocatorConfig.h", r"staticsize_troundup_power2_divisions\(size_tsize\)"),
     ("CAPTURE_RECORD_STREAM_REUSE", "c10/cuda/CUDAAllocatorConfig.h", r"staticboolgraph_capture_record_stream_reuse\(\)"),
     ("FRACTION_SETTING", "c10/cuda/CUDAAllocatorConfig.h", r"staticdoubleper_process_memory_fraction\(\)"),
 ]
@@ -82,6 +84,37 @@ def cudart_library():
         return os.path.dirname(found), ":" + os.path.basename(found)
     cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     return os.path.join(cuda_home, "lib64"), "cudart"
+
+
+def cuda_include_dir():
+    """The CUDA runtime headers to compile against: those of the runtime torch loads.
+
+    The runtime API changes between CUDA major versions under the same names (cudaDeviceProp's
+    layout, the capture calls' parameters, cudaGetDriverEntryPoint), so headers of another major
+    than torch's runtime compile but call it wrongly or fail to load (CUDA 13 headers against
+    torch 2.6's CUDA 12.4 runtime: undefined symbol cudaGetDriverEntryPointByVersion). The pip
+    wheel of torch's runtime ships its headers beside its library; a toolkit at CUDA_HOME (default
+    /usr/local/cuda) is used where it has none, and only when its major version is torch's.
+    """
+    import torch
+    cudart_dir, _ = cudart_library()
+    candidates = [os.path.join(os.path.dirname(cudart_dir), "include"),
+                  os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")]
+    found = [d for d in candidates if os.path.exists(os.path.join(d, "cuda_runtime_api.h"))]
+    if not found:
+        raise SystemExit(f"gpumem: no CUDA runtime headers (cuda_runtime_api.h) in {' or '.join(candidates)}; "
+                         "install the CUDA toolkit's headers and set CUDA_HOME to it")
+    if torch.version.cuda is None:
+        return found[0]
+    wanted = int(torch.version.cuda.split(".")[0])
+    for directory in found:
+        text = open(os.path.join(directory, "cuda_runtime_api.h")).read()
+        version = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", text)
+        if version and int(version.group(1)) // 1000 == wanted:
+            return directory
+    raise SystemExit(f"gpumem: torch {torch.__version__} runs CUDA {torch.version.cuda}'s runtime, but the CUDA "
+                     f"headers in {' and '.join(found)} are of another major version; set CUDA_HOME to a "
+                     f"CUDA {wanted} toolkit, or install the runtime's headers with torch's CUDA runtime wheel")
 
 
 AUTOLOAD_PTH = "python/gpumem-autoload.pth"
@@ -159,7 +192,6 @@ def build_ext_with_record():
 def extension():
     from torch.utils.cpp_extension import CppExtension, library_paths
 
-    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     cudart_dir, cudart = cudart_library()
     sources = sorted(
         glob.glob("csrc/core/*.cpp") + glob.glob("csrc/sharing/*.cpp") + glob.glob("csrc/backends/*.cpp")
@@ -169,7 +201,7 @@ def extension():
     return CppExtension(
         name="gpumem._C",
         sources=sources,
-        include_dirs=[os.path.abspath("csrc"), os.path.join(cuda_home, "include")],
+        include_dirs=[os.path.abspath("csrc"), cuda_include_dir()],
         library_dirs=[cudart_dir],
         libraries=["c10_cuda", "torch_cuda", cudart],
         define_macros=[tuple(m.split("=")) for m in torch_feature_macros()],

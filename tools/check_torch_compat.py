@@ -31,9 +31,20 @@ import tempfile
 import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The latest patch of every minor release from 2.4 on; a failure of one the issue names fails the run.
+
+
+def torch_versions(path=os.path.join(ROOT, "tools", "torch-versions")):
+    """tools/torch-versions as a dict: {"TORCH_MAIN": "2.11.0", "TORCH_OLDEST": ..., ...}."""
+    with open(path, encoding="utf-8") as lines:
+        return dict(line.strip().split("=", 1) for line in lines if re.match(r"TORCH_[A-Z]+=", line))
+
+
+SUPPORTED = torch_versions()
+# The latest patch of every minor release from 2.4 on. A failure of a required one fails the run:
+# the supported range's ends and the releases whose interface changes the adapter follows.
 VERSIONS = ["2.4.1", "2.5.1", "2.6.0", "2.7.1", "2.8.0", "2.9.1", "2.10.0", "2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0"]
-REQUIRED = ["2.6.0", "2.8.0", "2.9.1", "2.11.0", "2.15.0"]
+REQUIRED = sorted({SUPPORTED["TORCH_OLDEST"], "2.8.0", "2.9.1", SUPPORTED["TORCH_MAIN"], SUPPORTED["TORCH_NEWEST"]},
+                  key=lambda v: tuple(int(p) for p in v.split(".")))
 DEFAULT_CACHE = os.environ.get("GPUMEM_TORCH_COMPAT_CACHE", os.path.expanduser("~/.cache/gpumem/torch-compat"))
 TORCH_CONFIG = "torch/share/cmake/Torch/TorchConfig.cmake"
 # Instantiating the adapter: fails when torch declares a pure virtual gpumem does not implement.

@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TORCH_VERSION=2.11.0   # the torch CI builds against; the device machine runs 2.11.0+cu130 too
+# The torch CI builds against (tools/torch-versions; the device machine runs it too, as +cu130).
+TORCH_VERSION=$(sed -n 's/^TORCH_MAIN=//p' tools/torch-versions)
+[ -n "$TORCH_VERSION" ] || { echo "setup: tools/torch-versions names no TORCH_MAIN" >&2; exit 1; }
 PYTHON=${PYTHON:-python3}
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo

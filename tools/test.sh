@@ -7,8 +7,12 @@
 #      checker compiled in, where a lane checks what it owns while the others run),
 #   4. the Python tests (pytest) against gpumem installed with pip; GPU tests skip without a GPU,
 #   5. the wheel: built here, installed in a fresh environment without a compiler, used there
-#      (tools/wheel_check.sh; a few minutes, most of them compiling).
-# Exits non-zero if any suite fails or runs no test.
+#      (tools/wheel_check.sh; a few minutes, most of them compiling),
+#   6. and 7. under the oldest and the newest torch gpumem supports (tools/torch-versions), each in a
+#      virtual environment of its own: the torch adapter's tests, the wheel check and the Python suite
+#      (tools/torch_version_check.sh; the first run on a machine downloads each release).
+# Ends with one line per torch release run. TORCH_RELEASES (default "oldest newest") picks the
+# releases of 6 and 7; empty skips them. Exits non-zero if any suite fails or runs no test.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh || exit 1
@@ -50,8 +54,8 @@ pytest_run() {
   "$PYTHON" -m pip install -q --no-build-isolation . 2>&1 | grep -v "as the 'root' user"
   [ "${PIPESTATUS[0]}" = 0 ] || return 1
   # Run from tests/ so that `import gpumem` finds the installed package, not the source tree.
-  (cd tests/python && "$PYTHON" -m pytest -q -rs .)
-  local rc=$?
+  (cd tests/python && "$PYTHON" -m pytest -q -rs .) 2>&1 | tee build/pytest.log
+  local rc=${PIPESTATUS[0]}
   [ $rc = 5 ] && echo "pytest collected no test"
   return $rc
 }
@@ -68,7 +72,24 @@ suite "TSan, threaded tests (CTest)" ctest_build build/tsan -DCMAKE_BUILD_TYPE=R
 unset GPUMEM_PROPERTY_OPS GPUMEM_THREAD_OPS TSAN_OPTIONS
 suite "Python tests (pytest)" pytest_run
 suite "wheel (build, install in a fresh environment, use)" env PYTHON="$PYTHON" MAX_JOBS="$JOBS" bash tools/wheel_check.sh
+main_failed=$failed
+main_line="torch $("$PYTHON" -c "import torch; print(torch.__version__, '(CUDA', str(torch.version.cuda) + ')')"):"
+main_line+=" core, sanitizers and adapter (CTest) and wheel $([ "$main_failed" = 0 ] && echo ok || echo 'see above');"
+main_line+=" pytest $(grep -E "^=* ?[0-9]+ (passed|failed)" build/pytest.log 2>/dev/null | tail -n 1 | tr -d '=' | sed 's/ in [0-9.]*s.*//; s/^ *//')"
+
+releases=()
+for which in ${TORCH_RELEASES-oldest newest}; do
+  rm -f "build/torch-$(sed -n "s/^TORCH_${which^^}=//p" tools/torch-versions)/result.txt"
+  suite "torch $which (tools/torch-versions): adapter tests, wheel, Python tests" bash tools/torch_version_check.sh "$which"
+  releases+=("$which")
+done
 
 echo
+echo "torch releases run:"
+echo "  $main_line"
+for which in "${releases[@]}"; do
+  result=build/torch-$(sed -n "s/^TORCH_${which^^}=//p" tools/torch-versions)/result.txt
+  if [ -f "$result" ]; then echo "  $(cat "$result")"; else echo "  torch $which: did not finish (see above)"; fi
+done
 echo "suites: $passed passed, $failed failed"
 [ "$failed" = 0 ]

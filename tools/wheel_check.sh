@@ -80,6 +80,13 @@ build_wheel() {
 install_in_fresh_environment() {
   # No pip of its own: the system's pip, run by the environment's python, installs into it.
   "$PYTHON" -m venv --system-site-packages --without-pip "$work/venv" || fatal "creating the virtual environment"
+  # A venv made from inside another one sees the base interpreter's site-packages, not those of
+  # the one $PYTHON runs in (tools/torch_version_check.sh's, with another torch): a .pth puts
+  # $PYTHON's own in front of them.
+  "$PYTHON" -c "import sys, sysconfig; sys.exit(sys.prefix == sys.base_prefix)" &&
+    { "$PYTHON" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" >"$("$work/venv/bin/python" -c \
+        "import sysconfig; print(sysconfig.get_paths()['purelib'])")/python-site-packages.pth" ||
+      fatal "pointing the fresh environment at $PYTHON's site-packages"; }
   mkdir -p "$work/home"
   bare python -c "import shutil, sys; found = [c for c in ('cc', 'gcc', 'c++', 'g++', 'nvcc') if shutil.which(c)]; sys.exit(f'compilers on PATH: {found}' if found else 0)" ||
     fatal "the fresh environment is not bare"

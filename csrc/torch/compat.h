@@ -9,7 +9,7 @@
 #pragma once
 
 #include <c10/cuda/CUDACachingAllocator.h>
-#if GPUMEM_TORCH_HAS_CAPTURE_RECORD_STREAM_REUSE
+#if GPUMEM_TORCH_HAS_CAPTURE_RECORD_STREAM_REUSE || GPUMEM_TORCH_HAS_CUDA_ROUNDUP_DIVISIONS
 #include <c10/cuda/CUDAAllocatorConfig.h>
 #endif
 #if GPUMEM_TORCH_HAS_ROUNDUP_DIVISIONS
@@ -86,6 +86,8 @@ inline std::size_t divisions_of(std::size_t size) {
   return table[band];
 #elif GPUMEM_TORCH_HAS_ROUNDUP_DIVISIONS
   return c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions(size);
+#elif GPUMEM_TORCH_HAS_CUDA_ROUNDUP_DIVISIONS
+  return cca::CUDAAllocatorConfig::roundup_power2_divisions(size);
 #else
   (void)size;
   return 0;
@@ -95,7 +97,7 @@ inline std::size_t divisions_of(std::size_t size) {
 // What that setting rounds a request of `size` bytes up to, as native rounds it; 0 where it does
 // not apply (no divisions for the size's band, a small size, or a torch without the setting).
 inline std::size_t power2_division_size(std::size_t size) {
-#if GPUMEM_TORCH_HAS_ROUNDUP_DIVISIONS
+#if GPUMEM_TORCH_HAS_ROUNDUP_DIVISIONS || GPUMEM_TORCH_HAS_CUDA_ROUNDUP_DIVISIONS
   const std::size_t divisions = divisions_of(size);
   if (divisions <= 1 || size <= kMinBlockSize * divisions) return 0;
   return round_to_division(size, divisions);
