@@ -254,6 +254,10 @@ def test_a_complete_run_says_nothing_is_missing(full_run):
                                                "(see training-step-native-expandable-*.log)"),
     ("training-cap-native.json", "part 4, largest batch under the cap, native (see training-cap-native.log)"),
     ("replay.json", "part 5, replay of the shipped snapshots (see replay.log)"),
+    ("allocators-*.json", "part 1, malloc+free pair through CUDAAllocator (see allocators-*.log)"),
+    ("threads-gpumem-*.json", "part 9, multithreaded workload, gpumem (see threads-gpumem-*.log); part 9, "
+                              "multithreaded workload, highest peak reserved over the processes: gpumem / native "
+                              "(see threads-*.log)"),
 ])
 def test_the_rows_missing_from_a_run_are_named_on_one_line(tmp_path, removed, named):
     plant(tmp_path)
@@ -261,7 +265,7 @@ def test_the_rows_missing_from_a_run_are_named_on_one_line(tmp_path, removed, na
         path.unlink()
     text = printed(tmp_path)
     assert line(text, "- **Not in this run**") == f"- **Not in this run**: {named}"
-    figure = named.split(", ", 1)[1].rsplit(" (see ", 1)[0]
+    figure = named.split(", ", 1)[1].split(" (see ", 1)[0]
     assert summary(tmp_path)[figure][0].startswith("not measured (see ")
 
 
