@@ -4,6 +4,7 @@ files only, and repeated measurements show their spread. CPU only."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -376,3 +377,42 @@ def test_run_all_records_its_command_with_the_settings_from_the_environment(tmp_
     assert line(printed(out), "- **Command**") == \
         f"- **Command**: `PYTHON=false BENCH_TRAIN_ROUNDS=2 bash benchmarks/run_all.sh {quoted}`, then " \
         "`python3 benchmarks/summarize.py bench out`"
+
+
+DOC = SUMMARIZE.parents[1] / "docs" / "benchmarks.md"
+BEGIN = "<!-- The section below is summarize.py's output, unedited"
+END = "<!-- End of summarize.py's output. -->"
+
+
+def test_the_docs_first_section_after_the_measurements_is_summarizes_output(full_run):
+    """docs/benchmarks.md carries one run's section as summarize.py prints it: the same opening,
+    the same lines naming the command and the machine, a table of its columns, the same guide."""
+    doc = DOC.read_text()
+    block = doc[doc.index(BEGIN):doc.index(END)].split("-->\n", 1)[1].rstrip("\n")
+    ours = printed(full_run).rstrip("\n")
+    assert doc.index(BEGIN) < doc.index("## ")  # the first section of the page
+    assert block.split("\n", 1)[0] == ours.split("\n", 1)[0] == "## One run of run_all.sh"
+    for start in ("- **Command**: ", "- **Machine**: ", "- **Date**: ", "- **Not in this run**: "):
+        assert line(block, start)
+    assert "| # | figure | value | target | verdict |\n|---|---|---|---|---|\n| 1 | " in block
+    guide = ours[ours.index("### How to read it"):]
+    assert block.endswith("\n\n" + guide)
+    assert "\n\n" + guide not in doc.replace(block, "")  # the guide is printed, not also written by hand
+
+
+def test_the_docs_prose_names_no_gpumem_commit():
+    """History lives in git: no docs page (design.md and compatibility.md aside, which name
+    PyTorch's trees) cites a commit of this repository."""
+    root = SUMMARIZE.parents[1]
+    if subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    pages = [root / "README.md"] + [p for p in sorted((root / "docs").glob("*.md"))
+                                    if p.name not in ("design.md", "compatibility.md")]
+    cited = []
+    for page in pages:
+        for token in sorted(set(re.findall(r"\b[0-9a-f]{7,40}\b", page.read_text()))):
+            known = subprocess.run(["git", "-C", str(root), "cat-file", "-e", f"{token}^{{commit}}"],
+                                   capture_output=True)
+            if known.returncode == 0:
+                cited.append(f"{page.name}: {token}")
+    assert cited == []
