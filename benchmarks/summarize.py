@@ -378,7 +378,7 @@ def summarize(out: pathlib.Path, argument: str) -> str:
     for part, measure in PARTS:
         try:
             measure(out)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as error:
+        except (OSError, KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as error:
             # A file from a killed process or another version: say so in the table and go on.
             row(part, f"part {part}", f"unreadable results ({type(error).__name__}: {one_line(error, 100)})")
             MISSING.append(f"part {part} (its files are unreadable)")
