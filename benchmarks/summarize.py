@@ -2,7 +2,8 @@
 """One run of benchmarks/run_all.sh as a Markdown section: the command, the machine and the date,
 the rows missing from the run, the table (each figure, its target, met or missed), how to read it.
 
-    python3 benchmarks/summarize.py OUTDIR        (paste the output into docs/benchmarks.md)
+    python3 benchmarks/summarize.py OUTDIR   (docs/benchmarks.md: replace the section between the
+                                             comments that mark summarize.py's output with it)
 
 Reads the files run_all.sh writes into OUTDIR: command.txt, machine.json and each part's JSON. A row
 with no file (its process failed, or the time budget skipped it) reads "not measured", pointing at
