@@ -2,11 +2,20 @@
 # Runs benchmarks 1-5, 8 and 9 of docs/benchmarks.md on a machine with a CUDA GPU, each part in its
 # own process(es), within BENCH_BUDGET_S seconds (default 560, including the gpumem install when one
 # is needed: the whole fits one 10-minute call). Each part writes JSON and a log into OUTDIR; at the
-# end the results table is printed and written to OUTDIR/summary.md.
+# end the results section (summarize.py: the command, from OUTDIR/command.txt, the machine, the table)
+# is printed and written to OUTDIR/summary.md.
 #   bash benchmarks/run_all.sh [OUTDIR]          (default: bench-out)
 # gpumem is installed first (pip install --no-build-isolation -e .): when the gpumem python3
 # imports is not this tree's, this script installs it that way, on its budget.
 set -uo pipefail
+# The command as given, with the settings below that came from the environment: command.txt, for
+# summarize.py's section (read before the defaults fill them in).
+COMMAND=""
+for v in PYTHON BENCH_BUILD_DIR BENCH_BUDGET_S BENCH_ALLOC_ROUNDS BENCH_ALLOC_THREADS_ROUNDS BENCH_EMPTY_ROUNDS \
+  BENCH_THREADS_ROUNDS BENCH_TRAIN_ROUNDS; do
+  [[ -n ${!v+set} ]] && COMMAND+=$(printf '%s=%q ' "$v" "${!v}")
+done
+COMMAND+="bash benchmarks/run_all.sh$( (($#)) && printf ' %q' "$@")"
 PYTHON=${PYTHON:-python3}  # every step runs this interpreter, the install too: a bare `pip` may be another
 cd "$(dirname "$0")/.." || exit 1
 OUT=${1:-bench-out}
@@ -21,9 +30,10 @@ mkdir -p "$OUT"
 # A previous run's results would mix into the medians: remove them (only files this script writes).
 # A measurement repeated in processes is NAME-ROUND.{json,log}; summarize.py reads each NAME's
 # rounds by their exact name (training-step-gpumem-1.json, never training-step-gpumem-plain-1.json).
-rm -f "$OUT"/{replay,machine}.json "$OUT"/{install,machine,build,replay}.log "$OUT"/allocators-*.{json,log} \
+rm -f "$OUT"/{replay,machine}.json "$OUT"/command.txt "$OUT"/{install,machine,build,replay}.log "$OUT"/allocators-*.{json,log} \
   "$OUT"/allocator-threads-*.{json,log} "$OUT"/torch_empty-*.{json,log} "$OUT"/threads-*.{json,log} \
   "$OUT"/training-*.{json,log} "$OUT"/summary.md
+echo "$COMMAND" >"$OUT/command.txt"
 unset GPUMEM_LIMIT PYTORCH_CUDA_ALLOC_CONF  # each process picks its allocator itself
 SECONDS=0
 
@@ -121,5 +131,5 @@ for a in gpumem gpumem-plain native native-expandable; do
 done
 for ((r = 2; r <= TRAIN_ROUNDS; r++)); do train_round "$r"; done
 
-log "all parts run in ${SECONDS} s; the table (also in $OUT/summary.md):"
+log "all parts run in ${SECONDS} s; the results (also in $OUT/summary.md):"
 "$PYTHON" benchmarks/summarize.py "$OUT" | tee "$OUT/summary.md"

@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""The Markdown table of benchmarks/run_all.sh's results: each figure, its target, met or missed.
+"""One run of benchmarks/run_all.sh as a Markdown section: the command, the machine and the date,
+the rows missing from the run, the table (each figure, its target, met or missed), how to read it.
 
-    python3 benchmarks/summarize.py OUTDIR        (prints the table; paste it into docs/benchmarks.md)
+    python3 benchmarks/summarize.py OUTDIR   (docs/benchmarks.md: replace the section between the
+                                             comments that mark summarize.py's output with it)
 
-Reads the JSON files run_all.sh writes into OUTDIR; a part with no file is reported as not
-measured, pointing at its log. A measurement repeated in several processes is NAME-1.json,
-NAME-2.json, ...; each row is computed from its own NAME's files only (so "gpumem" never takes in
-"gpumem-plain"'s, nor "native" "native-expandable"'s), and shows the spread over its processes.
+Reads the files run_all.sh writes into OUTDIR: command.txt, machine.json and each part's JSON. A row
+with no file (its process failed, or the time budget skipped it) reads "not measured", pointing at
+its log, and is named again on the "Not in this run" line. A measurement repeated in several
+processes is NAME-1.json, NAME-2.json, ...; each row is computed from its own NAME's files only (so
+"gpumem" never takes in "gpumem-plain"'s, nor "native" "native-expandable"'s), and shows the spread
+over its processes. A part whose files cannot be read says so in its row.
 """
 from __future__ import annotations
 
@@ -18,10 +22,17 @@ import sys
 
 GiB = 1 << 30
 ROWS: list[tuple[str, ...]] = []
+MISSING: list[str] = []
 
 
 def row(part: str, figure: str, value: str, target: str = "-", verdict: str = "-") -> None:
     ROWS.append((part, figure, value, target, verdict))
+
+
+def missing(part: str, figure: str, log: str) -> None:
+    """A row run_all.sh measures that this run's files do not hold."""
+    row(part, figure, f"not measured (see {log})")
+    MISSING.append(f"part {part}, {figure} (see {log})")
 
 
 def load(out: pathlib.Path, name: str) -> list[dict]:
@@ -57,6 +68,8 @@ PAIR_TARGET = 0.33
 EMPTY_TARGET = 0.6
 STEP_TARGET = 1.0
 WORKLOAD_TARGET = 1.1
+# Part 8's cases as run_all.sh runs them: (streams, threads).
+THREAD_CASES = [("own", t) for t in (1, 2, 4, 8, 16)] + [("shared", t) for t in (4, 8, 16)]
 
 
 def at_most(value: float, bound: float) -> str:
@@ -67,10 +80,6 @@ def at_least(value: float, bound: float) -> str:
     return f"met ({value:.3f} >= {bound})" if value >= bound else f"missed by {bound - value:.3f} ({value:.3f} < {bound})"
 
 
-def missing(part: str, figure: str, log: str) -> None:
-    row(part, figure, f"not measured (see {log})")
-
-
 def allocator_cost(out: pathlib.Path) -> None:
     found = rounds(out, "allocators")
     if not found:
@@ -78,19 +87,27 @@ def allocator_cost(out: pathlib.Path) -> None:
     # Each process's figure is the median of its runs; the row is the median over the processes.
     by = {key: [r["subjects"][key]["ns_per_pair"] for r in found if key in r["subjects"]]
           for key in ("native", "gpumem", "cub", "cudaMalloc")}
-    native = statistics.median(by["native"])
-    row("1", "malloc+free pair, PyTorch native (CUDAAllocator)", f"{native:.0f} ns ({spread(by['native'], ' ns')})",
-        verdict="baseline")
-    names = {"gpumem": "gpumem (CUDAAllocator)", "cub": "CUB CachingDeviceAllocator", "cudaMalloc": "cudaMalloc + cudaFree"}
+    names = {"native": "PyTorch native (CUDAAllocator)", "gpumem": "gpumem (CUDAAllocator)",
+             "cub": "CUB CachingDeviceAllocator", "cudaMalloc": "cudaMalloc + cudaFree"}
+    native = statistics.median(by["native"]) if by["native"] else None
     for key, name in names.items():
+        figure = f"malloc+free pair, {name}"
         if not by[key]:
+            missing("1", figure, "allocators-*.log")
             continue
         ns = statistics.median(by[key])
+        if key == "native":
+            row("1", figure, f"{ns:.0f} ns ({spread(by[key], ' ns')})", verdict="baseline")
+            continue
+        if native is None:
+            target, verdict = ((f"<= {PAIR_TARGET} x native", "not judged: native not measured") if key == "gpumem"
+                               else ("-", "-"))
+            row("1", figure, f"{ns:.0f} ns ({spread(by[key], ' ns')})", target, verdict)
+            continue
         ratio = ns / native
         target, verdict = ((f"<= {PAIR_TARGET} x native", at_most(ratio, PAIR_TARGET)) if key == "gpumem"
                            else ("-", "-"))
-        row("1", f"malloc+free pair, {name}", f"{ns:.0f} ns ({ratio:.3f} x native; {spread(by[key], ' ns')})",
-            target, verdict)
+        row("1", figure, f"{ns:.0f} ns ({ratio:.3f} x native; {spread(by[key], ' ns')})", target, verdict)
 
 
 def rate(value: float) -> str:
@@ -119,8 +136,13 @@ def allocator_threads(out: pathlib.Path) -> None:
             for key, values in rates.items():
                 values.append(case["subjects"][key]["pairs_per_s"])
     pairs = found[0]["pairs_per_thread"]
-    for (streams, threads), rates in sorted(by.items(), key=lambda item: (item[0][0] != "own", item[0][1])):
+    cases = THREAD_CASES + sorted(set(by) - set(THREAD_CASES), key=lambda c: (c[0] != "own", c[1]))
+    for streams, threads in cases:
         case = f"{threads} thread{'s' * (threads > 1)}, {streams} streams"
+        if (streams, threads) not in by:
+            missing("8", f"aggregate malloc+free pairs, {case}", "allocator-threads-*.log")
+            continue
+        rates = by[(streams, threads)]
         native, gpumem = statistics.median(rates["native"]), statistics.median(rates["gpumem"])
         row("8", f"aggregate malloc+free pairs, {case}, native (CUDAAllocator, {pairs} pairs a thread)",
             f"{rate(native)} ({rate_spread(rates['native'])})", verdict="baseline")
@@ -131,68 +153,100 @@ def allocator_threads(out: pathlib.Path) -> None:
 
 
 def threaded_workload(out: pathlib.Path) -> None:
-    by = {a: rounds(out, f"threads-{a}") for a in ("gpumem", "native")}
-    if not all(by.values()):
-        return missing("9", "multithreaded workload", "threads-*.log")
+    by = {a: rounds(out, f"threads-{a}") for a in ("native", "gpumem")}
     ops = {a: [r["ops_per_s"] for r in rs] for a, rs in by.items()}
-    native, gpumem = statistics.median(ops["native"]), statistics.median(ops["gpumem"])
+    native = statistics.median(ops["native"]) if ops["native"] else None
 
     def shape(a: str) -> str:
         first = by[a][0]
         return f"{first['threads']} threads on their own streams, cap {first['cap'] / GiB:g} GiB"
 
-    row("9", f"multithreaded workload, native ({shape('native')})",
-        f"{native:.0f} ops/s ({spread(ops['native'], ' ops/s')})", verdict="baseline")
-    row("9", f"multithreaded workload, gpumem ({shape('gpumem')})",
-        f"{gpumem:.0f} ops/s ({gpumem / native:.3f} x native; {spread(ops['gpumem'], ' ops/s')})",
-        f">= {WORKLOAD_TARGET:g} x native", at_least(gpumem / native, WORKLOAD_TARGET))
+    for a in ("native", "gpumem"):
+        if not ops[a]:
+            missing("9", f"multithreaded workload, {a}", f"threads-{a}-*.log")
+            continue
+        figure, mid = f"multithreaded workload, {a} ({shape(a)})", statistics.median(ops[a])
+        if a == "native":
+            row("9", figure, f"{mid:.0f} ops/s ({spread(ops[a], ' ops/s')})", verdict="baseline")
+        elif native is None:
+            row("9", figure, f"{mid:.0f} ops/s ({spread(ops[a], ' ops/s')})", f">= {WORKLOAD_TARGET:g} x native",
+                "not judged: native not measured")
+        else:
+            row("9", figure, f"{mid:.0f} ops/s ({mid / native:.3f} x native; {spread(ops[a], ' ops/s')})",
+                f">= {WORKLOAD_TARGET:g} x native", at_least(mid / native, WORKLOAD_TARGET))
     ceiling_runs = [r["ops_per_s"] for r in rounds(out, "threads-native-noalloc")]
-    if ceiling_runs:
+    figure = "multithreaded workload with no allocator work (views of one buffer a thread), native"
+    if not ceiling_runs:
+        missing("9", figure, "threads-native-noalloc-*.log")
+    elif native is None:
+        row("9", figure, f"{statistics.median(ceiling_runs):.0f} ops/s ({spread(ceiling_runs, ' ops/s')})")
+    else:
         ceiling = statistics.median(ceiling_runs)
-        row("9", "multithreaded workload with no allocator work (views of one buffer a thread), native",
-            f"{ceiling:.0f} ops/s ({ceiling / native:.3f} x native; {spread(ceiling_runs, ' ops/s')})", "-",
-            f"the ceiling: an allocator that cost nothing would give {ceiling / native:.3f} x native")
+        row("9", figure, f"{ceiling:.0f} ops/s ({ceiling / native:.3f} x native; {spread(ceiling_runs, ' ops/s')})",
+            "-", f"the ceiling: an allocator that cost nothing would give {ceiling / native:.3f} x native")
+    figure = "multithreaded workload, highest peak reserved over the processes: gpumem / native"
+    if not all(by.values()):
+        return missing("9", figure, "threads-*.log")
     peaks = {a: max(r["peak_reserved"] for r in rs) for a, rs in by.items()}
     limit = max(r["limit"] for r in by["gpumem"])
     passed = sum(not r["cap_held"] for r in by["gpumem"])
     verdict = f"missed: passed it in {passed} of {len(by['gpumem'])} processes" if passed else "met"
-    row("9", "multithreaded workload, highest peak reserved over the processes: gpumem / native",
-        f"{peaks['gpumem'] / GiB:.3f} / {peaks['native'] / GiB:.3f} GiB (gpumem's limit {limit / GiB:.3f} GiB)",
+    row("9", figure, f"{peaks['gpumem'] / GiB:.3f} / {peaks['native'] / GiB:.3f} GiB (gpumem's limit {limit / GiB:.3f} GiB)",
         "gpumem <= its limit", verdict)
 
 
 def torch_empty(out: pathlib.Path) -> None:
-    by = {a: [r["ns_per_pair"] for r in rounds(out, f"torch_empty-{a}")] for a in ("gpumem", "native")}
-    if not all(by.values()):
-        return missing("2", "torch.empty + release", "torch_empty-*.log")
-    gpumem, native = statistics.median(by["gpumem"]), statistics.median(by["native"])
-    row("2", "torch.empty + release, native", f"{native:.0f} ns/pair ({spread(by['native'], ' ns')})",
-        verdict="baseline")
-    row("2", "torch.empty + release, gpumem",
-        f"{gpumem:.0f} ns/pair ({gpumem / native:.3f} x native; {spread(by['gpumem'], ' ns')})",
-        f"<= {EMPTY_TARGET} x native", at_most(gpumem / native, EMPTY_TARGET))
+    by = {a: [r["ns_per_pair"] for r in rounds(out, f"torch_empty-{a}")] for a in ("native", "gpumem")}
     zero = [r["ns_per_pair"] for r in rounds(out, "torch_empty-native-zero")]
-    if zero:
+    native = statistics.median(by["native"]) if by["native"] else None
+    if native is None:
+        missing("2", "torch.empty + release, native", "torch_empty-native-*.log")
+    else:
+        row("2", "torch.empty + release, native", f"{native:.0f} ns/pair ({spread(by['native'], ' ns')})",
+            verdict="baseline")
+    if not by["gpumem"]:
+        missing("2", "torch.empty + release, gpumem", "torch_empty-gpumem-*.log")
+    elif native is None:
+        row("2", "torch.empty + release, gpumem",
+            f"{statistics.median(by['gpumem']):.0f} ns/pair ({spread(by['gpumem'], ' ns')})",
+            f"<= {EMPTY_TARGET} x native", "not judged: native not measured")
+    else:
+        gpumem = statistics.median(by["gpumem"])
+        row("2", "torch.empty + release, gpumem",
+            f"{gpumem:.0f} ns/pair ({gpumem / native:.3f} x native; {spread(by['gpumem'], ' ns')})",
+            f"<= {EMPTY_TARGET} x native", at_most(gpumem / native, EMPTY_TARGET))
+    figure = "torch.empty + release of 0-byte tensors, native: torch's share, no allocator work"
+    if not zero:
+        missing("2", figure, "torch_empty-native-zero-*.log")
+    elif native is None:
+        row("2", figure, f"{statistics.median(zero):.0f} ns/pair ({spread(zero, ' ns')})")
+    else:
         floor = statistics.median(zero)
-        row("2", "torch.empty + release of 0-byte tensors, native: torch's share, no allocator work",
-            f"{floor:.0f} ns/pair ({floor / native:.3f} x native; {spread(zero, ' ns')})", "-",
+        row("2", figure, f"{floor:.0f} ns/pair ({floor / native:.3f} x native; {spread(zero, ' ns')})", "-",
             f"the floor: an allocator that cost nothing would give {floor / native:.3f} x native")
 
 
+TRAINING = ("gpumem", "gpumem-plain", "native", "native-expandable")
+
+
 def training_step(out: pathlib.Path) -> None:
-    runs = {a: rounds(out, f"training-step-{a}") for a in ("gpumem", "gpumem-plain", "native", "native-expandable")}
-    if not (runs["gpumem"] and runs["native"]):
-        return missing("3", "training step", "training-step-*.log")
+    runs = {a: rounds(out, f"training-step-{a}") for a in TRAINING}
     # Each process's figure is the median of its passes; the row is the median over the processes, as
     # in the other parts (a median over every pass of every process could lie outside their spread).
     per_step = {a: statistics.median(r["step_ms"] for r in rs) for a, rs in runs.items() if rs}
-    first = runs["gpumem"][0]
-    shape = f"batch {first['batch']}, lengths {min(first['lengths'])}-{max(first['lengths'])}"
-    for a, ms in per_step.items():
-        row("3", f"step time, {a} ({shape})", f"{ms:.2f} ms ({spread([r['step_ms'] for r in runs[a]], ' ms', 2)})")
-    throughput = per_step["native"] / per_step["gpumem"]
-    row("3", "throughput, gpumem / native (native step time / gpumem's)", f"{throughput:.4f}",
-        f">= {STEP_TARGET:.2f}", at_least(throughput, STEP_TARGET))
+    for a in TRAINING:
+        if a not in per_step:
+            missing("3", f"step time, {a}", f"training-step-{a}-*.log")
+            continue
+        first = runs[a][0]
+        shape = f"batch {first['batch']}, lengths {min(first['lengths'])}-{max(first['lengths'])}"
+        row("3", f"step time, {a} ({shape})", f"{per_step[a]:.2f} ms ({spread([r['step_ms'] for r in runs[a]], ' ms', 2)})")
+    figure = "throughput, gpumem / native (native step time / gpumem's)"
+    if "gpumem" in per_step and "native" in per_step:
+        throughput = per_step["native"] / per_step["gpumem"]
+        row("3", figure, f"{throughput:.4f}", f">= {STEP_TARGET:.2f}", at_least(throughput, STEP_TARGET))
+    else:
+        missing("3", figure, "training-step-gpumem-*.log, training-step-native-*.log")
     ratios = {a: statistics.median(r["reserved_over_allocated"] for r in rs) for a, rs in runs.items() if rs}
     for a, ratio in ratios.items():
         peak = statistics.median(r["peak_allocated"] for r in runs[a]) / GiB
@@ -201,6 +255,8 @@ def training_step(out: pathlib.Path) -> None:
             bound = ratios["native-expandable"]
             target = f"< native-expandable ({bound:.4f})"
             verdict = f"met ({ratio:.4f} < {bound:.4f})" if ratio < bound else f"missed by {ratio - bound:.4f}"
+        elif a == "gpumem":
+            target, verdict = "< native-expandable", "not judged: native-expandable not measured"
         row("3", f"peak reserved / peak allocated, {a}",
             f"{ratio:.4f} (peak allocated {peak:.2f} GiB; {spread([r['reserved_over_allocated'] for r in runs[a]], '', 4)})",
             target, verdict)
@@ -208,7 +264,7 @@ def training_step(out: pathlib.Path) -> None:
 
 def under_cap(out: pathlib.Path) -> None:
     reference = load(out, "training-reference.json")
-    caps = {a: load(out, f"training-cap-{a}.json") for a in ("gpumem", "gpumem-plain", "native", "native-expandable")}
+    caps = {a: load(out, f"training-cap-{a}.json") for a in TRAINING}
     if reference:
         ref = reference[0]
         row("4", f"largest batch whose peak allocated fits under {ref['cap'] / GiB:g} GiB (uncapped run)",
@@ -230,6 +286,8 @@ def under_cap(out: pathlib.Path) -> None:
             best = reference[0]["largest_batch"]
             target = f"= reference ({best})"
             verdict = "met" if r["largest_batch"] >= best else f"missed by {best - r['largest_batch']} batch(es)"
+        elif a == "gpumem":
+            target, verdict = "= reference", "not judged: the reference not measured"
         row("4", f"largest batch at length {r['length']} under the cap, {a} ({how})", value, target, verdict)
 
 
@@ -243,7 +301,9 @@ def replay(out: pathlib.Path) -> None:
         original = s["original_reserved_over_peak_allocated"]
         peak = f"peak allocated {s['peak_allocated'] / GiB:.3f} GiB"
         for kind, r in (("growable", s), ("plain", s.get("plain"))):
+            figure = f"replay {name}, {kind} segments"
             if not r:
+                missing("5", figure, "replay.log")
                 continue
             ratio = r["min_limit_over_peak_allocated"]
             value = f"min limit {r['min_limit'] / GiB:.3f} GiB = {ratio:.3f} x peak allocated ({peak})"
@@ -253,16 +313,82 @@ def replay(out: pathlib.Path) -> None:
                 verdict = at_most(ratio, 1.05)
             elif ratio < original:
                 verdict = f"{(1 - ratio / original) * 100:.1f}% below the original's reserved"
-            row("5", f"replay {name}, {kind} segments", value, target, verdict)
+            row("5", figure, value, target, verdict)
 
 
-def machine(out: pathlib.Path) -> str:
-    found = load(out, "machine.json")
-    if not found:
-        return "Machine: not recorded."
+PARTS = (("1", allocator_cost), ("2", torch_empty), ("3", training_step), ("4", under_cap), ("5", replay),
+         ("8", allocator_threads), ("9", threaded_workload))
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """A value from a file, safe to print inside Markdown code or a table: one line, bounded, no backticks."""
+    text = " ".join(str(text).split()).replace("`", "'").replace("|", "/")
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def command(out: pathlib.Path, argument: str) -> str:
+    """How the run and this section were made: run_all.sh's command line, as it wrote it to command.txt."""
+    summarize = f"`python3 benchmarks/summarize.py {one_line(argument)}`"
+    path = out / "command.txt"
+    if not path.is_file():
+        return f"- **Command**: not recorded ({argument} has no command.txt); this section: {summarize}"
+    return f"- **Command**: `{one_line(path.read_text(errors='replace'))}`, then {summarize}"
+
+
+def machine(out: pathlib.Path) -> list[str]:
+    """The machine, the software and the date, from machine.json."""
+    try:
+        found = load(out, "machine.json")
+    except ValueError as error:
+        return [f"- **Machine**: machine.json unreadable ({one_line(error, 100)})", "- **Date**: not recorded"]
+    if not found or not isinstance(found[0], dict):
+        return ["- **Machine**: not recorded (no machine.json; see machine.log)", "- **Date**: not recorded"]
     m = found[0]
-    return (f"Machine: {m['gpu']} ({m['gpu_memory'] / GiB:.1f} GiB, driver {m['driver']}), {m['cpus']} CPUs; "
-            f"torch {m['torch']} (CUDA {m['cuda']}); gpumem {m['gpumem_commit']}; {m['date']}.")
+    memory = m.get("gpu_memory")
+    memory = f"{memory / GiB:.1f} GiB" if isinstance(memory, (int, float)) and memory > 0 else "memory unknown"
+    lines = [f"- **Machine**: {one_line(m.get('gpu', 'GPU unknown'))} ({memory}), driver "
+             f"{one_line(m.get('driver', 'unknown'))}, {one_line(m.get('cpus', '?'))} CPUs; torch "
+             f"{one_line(m.get('torch', 'unknown'))}, CUDA {one_line(m.get('cuda', 'unknown'))}"]
+    if "uncommitted" in str(m.get("gpumem_commit", "")):
+        lines[0] += "; gpumem built from a tree with uncommitted changes"
+    lines.append(f"- **Date**: {one_line(m['date'])}" if m.get("date") else "- **Date**: not recorded")
+    return lines
+
+
+HOW_TO_READ = """\
+### How to read it
+
+- **value**: the median over the processes that measured the row, then how many processes and
+  their min, median and max. A process's own figure is the median of its runs (parts 1, 2, 8, 9)
+  or passes (part 3). "x native" is gpumem's median over native's, from the same run.
+- **target**: the goal in the table of measurements at the top of docs/benchmarks.md; "-" where
+  the row has none.
+- **verdict**: "met", or "missed by" how much, the value against its target. "baseline" marks
+  native's row that ratios divide by, "reference" part 4's uncapped search; the floor (part 2,
+  0-byte tensors) and the ceiling (part 9, no allocator work) say what an allocator that cost
+  nothing would give.
+- Each row is computed from its own processes' files only: gpumem's never takes in gpumem-plain's,
+  native's never native-expandable's.
+- "not measured" marks a row whose process failed or was skipped (no GPU, the time budget); its
+  log is named, and the "Not in this run" line above lists every such row.
+- Times depend on the machine and what else runs on it; the ratios compare two allocators timed
+  in the same run, alternating."""
+
+
+def summarize(out: pathlib.Path, argument: str) -> str:
+    for part, measure in PARTS:
+        try:
+            measure(out)
+        except (OSError, KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as error:
+            # A file from a killed process or another version: say so in the table and go on.
+            row(part, f"part {part}", f"unreadable results ({type(error).__name__}: {one_line(error, 100)})")
+            MISSING.append(f"part {part} (its files are unreadable)")
+    absent = "; ".join(MISSING) if MISSING else "nothing: every row run_all.sh measures is here"
+    lines = ["## One run of run_all.sh", "", command(out, argument), *machine(out),
+             f"- **Not in this run**: {absent}", "",
+             "| # | figure | value | target | verdict |", "|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(one_line(cell, 400) for cell in r) + " |" for r in ROWS]
+    return "\n".join(lines) + "\n\n" + HOW_TO_READ
 
 
 def main() -> None:
@@ -271,13 +397,7 @@ def main() -> None:
     out = pathlib.Path(sys.argv[1])
     if not out.is_dir():
         sys.exit(f"summarize.py: {out} is not a directory of run_all.sh's results")
-    parts = (allocator_cost, torch_empty, training_step, under_cap, replay, allocator_threads, threaded_workload)
-    for part in parts:
-        part(out)
-    print(machine(out) + "\n")
-    print("| # | figure | value | target | verdict |\n|---|---|---|---|---|")
-    for r in ROWS:
-        print("| " + " | ".join(r) + " |")
+    print(summarize(out, sys.argv[1]))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
-"""benchmarks/summarize.py over planted result files: each allocator's rows come from its own
-processes' files only, and repeated measurements show their spread. CPU only."""
+"""benchmarks/summarize.py over planted result files: the section names the command, the machine,
+the date and the rows missing from the run; each allocator's rows come from its own processes'
+files only, and repeated measurements show their spread. CPU only."""
 import json
+import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -77,12 +80,36 @@ def plant(out: pathlib.Path) -> None:
             "largest_batch": batch, "length": 1024, "cap_held": True,
             "failure": {"batch": batch + 1, "verdict": f"{allocator} failed"},
         })
+    replay = {"peak_allocated": 2 * GiB, "min_limit": int(2.02 * GiB), "min_limit_over_peak_allocated": 1.01,
+              "original_reserved_over_peak_allocated": 1.2, "recorded_on": "NVIDIA H200, torch 2.11.0",
+              "plain": {"min_limit": int(2.2 * GiB), "min_limit_over_peak_allocated": 1.1}}
+    write(out, "replay.json", {"snapshots": {"gpt_adamw": replay, "tiny": {**replay, "recorded_on": "synthetic"}}})
+    write(out, "machine.json", MACHINE)
+    (out / "command.txt").write_text(COMMAND + "\n")
+
+
+# As benchmarks/machine.py and run_all.sh write them.
+MACHINE = {"gpu": "NVIDIA H200", "gpu_memory": int(139.8 * GiB), "driver": "580.159.04", "torch": "2.11.0+cu130",
+           "cuda": "13.0", "cpus": 16, "gpumem_commit": "0f46276", "gpumem_module": "/x/_C.so",
+           "date": "2026-12-06 00:20 UTC"}
+COMMAND = "BENCH_TRAIN_ROUNDS=2 bash benchmarks/run_all.sh bench-out"
+
+
+def printed(out: pathlib.Path) -> str:
+    """summarize.py's output for OUTDIR `out`, named as run_all.sh's user names it (relative)."""
+    done = subprocess.run([sys.executable, str(SUMMARIZE), out.name], cwd=out.parent, capture_output=True,
+                          text=True, check=True)
+    return done.stdout
+
+
+def line(text: str, start: str) -> str:
+    [found] = [x for x in text.splitlines() if x.startswith(start)]
+    return found
 
 
 def summary(out: pathlib.Path) -> dict:
     """The table's rows by figure: {figure: (value, target, verdict)}; every figure once."""
-    printed = subprocess.run([sys.executable, str(SUMMARIZE), str(out)], capture_output=True, text=True, check=True)
-    rows = [line.strip("| ").split(" | ") for line in printed.stdout.splitlines() if line.startswith("| ")]
+    rows = [line.strip("| ").split(" | ") for line in printed(out).splitlines() if line.startswith("| ")]
     rows = [r for r in rows if r[0] not in ("#", "---")]
     figures = [r[1] for r in rows]
     assert len(figures) == len(set(figures)), f"a figure appears twice: {figures}"
@@ -168,7 +195,117 @@ def test_a_missing_part_is_reported_as_not_measured(tmp_path):
         "reserved_over_allocated": 1.5,
     })
     rows = summary(tmp_path)
-    assert rows["training step"][0] == "not measured (see training-step-*.log)"
+    assert rows["step time, gpumem"][0] == "not measured (see training-step-gpumem-*.log)"
+    assert rows["malloc+free pair through CUDAAllocator"][0] == "not measured (see allocators-*.log)"
+    assert row_for(rows, "step time, gpumem-plain (")[0] == "29.00 ms (1 process: 29.00 ms)"
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("run") / "bench-out"
+    out.mkdir()
+    plant(out)
+    return out
+
+
+def test_the_section_names_the_command_that_made_the_run_and_the_one_that_made_the_section(full_run):
+    assert line(printed(full_run), "- **Command**") == \
+        f"- **Command**: `{COMMAND}`, then `python3 benchmarks/summarize.py bench-out`"
+
+
+def test_a_run_without_its_command_says_so(tmp_path):
+    assert line(printed(tmp_path), "- **Command**") == \
+        f"- **Command**: not recorded ({tmp_path.name} has no command.txt); this section: " \
+        f"`python3 benchmarks/summarize.py {tmp_path.name}`"
+
+
+def test_the_section_names_the_machine_and_the_date_without_a_commit(full_run):
+    text = printed(full_run)
+    assert line(text, "- **Machine**") == \
+        "- **Machine**: NVIDIA H200 (139.8 GiB), driver 580.159.04, 16 CPUs; torch 2.11.0+cu130, CUDA 13.0"
+    assert line(text, "- **Date**") == "- **Date**: 2026-12-06 00:20 UTC"
+    assert MACHINE["gpumem_commit"] not in text  # the docs' prose carries no commit hash
+
+
+def test_a_run_from_a_tree_with_uncommitted_changes_says_so(tmp_path):
+    write(tmp_path, "machine.json", {**MACHINE, "gpumem_commit": "0f46276 + uncommitted changes"})
+    assert line(printed(tmp_path), "- **Machine**").endswith("; gpumem built from a tree with uncommitted changes")
+
+
+def test_a_run_without_machine_json_says_the_machine_is_not_recorded(tmp_path):
+    text = printed(tmp_path)
+    assert line(text, "- **Machine**") == "- **Machine**: not recorded (no machine.json; see machine.log)"
+    assert line(text, "- **Date**") == "- **Date**: not recorded"
+
+
+def test_a_complete_run_says_nothing_is_missing(full_run):
+    assert line(printed(full_run), "- **Not in this run**") == \
+        "- **Not in this run**: nothing: every row run_all.sh measures is here"
+    assert not any(value.startswith("not measured") for value, _, _ in summary(full_run).values())
+
+
+@pytest.mark.parametrize("removed, named", [
+    ("torch_empty-native-zero-*.json",
+     "part 2, torch.empty + release of 0-byte tensors, native: torch's share, no allocator work "
+     "(see torch_empty-native-zero-*.log)"),
+    ("threads-native-noalloc-*.json",
+     "part 9, multithreaded workload with no allocator work (views of one buffer a thread), native "
+     "(see threads-native-noalloc-*.log)"),
+    ("training-step-native-expandable-*.json", "part 3, step time, native-expandable "
+                                               "(see training-step-native-expandable-*.log)"),
+    ("training-cap-native.json", "part 4, largest batch under the cap, native (see training-cap-native.log)"),
+    ("replay.json", "part 5, replay of the shipped snapshots (see replay.log)"),
+    ("allocators-*.json", "part 1, malloc+free pair through CUDAAllocator (see allocators-*.log)"),
+    ("threads-gpumem-*.json", "part 9, multithreaded workload, gpumem (see threads-gpumem-*.log); part 9, "
+                              "multithreaded workload, highest peak reserved over the processes: gpumem / native "
+                              "(see threads-*.log)"),
+])
+def test_the_rows_missing_from_a_run_are_named_on_one_line(tmp_path, removed, named):
+    plant(tmp_path)
+    for path in tmp_path.glob(removed):
+        path.unlink()
+    text = printed(tmp_path)
+    assert line(text, "- **Not in this run**") == f"- **Not in this run**: {named}"
+    figure = named.split(", ", 1)[1].split(" (see ", 1)[0]
+    assert summary(tmp_path)[figure][0].startswith("not measured (see ")
+
+
+def test_a_thread_case_missing_from_every_process_is_named(tmp_path):
+    plant(tmp_path)
+    for path in tmp_path.glob("allocator-threads-*.json"):
+        record = json.loads(path.read_text())
+        record["cases"] = [c for c in record["cases"] if (c["streams"], c["threads"]) != ("shared", 16)]
+        write(tmp_path, path.name, record)
+    assert line(printed(tmp_path), "- **Not in this run**") == \
+        "- **Not in this run**: part 8, aggregate malloc+free pairs, 16 threads, shared streams (see allocator-threads-*.log)"
+
+
+def test_without_native_gpumems_rows_are_shown_but_not_judged(tmp_path):
+    plant(tmp_path)
+    for path in tmp_path.glob("torch_empty-native-[0-9]*.json"):
+        path.unlink()
+    rows = summary(tmp_path)
+    assert rows["torch.empty + release, native"][0] == "not measured (see torch_empty-native-*.log)"
+    assert rows["torch.empty + release, gpumem"] == (
+        "1800 ns/pair (3 processes: min 1700 ns, median 1800 ns, max 1900 ns)", "<= 0.6 x native",
+        "not judged: native not measured")
+
+
+def test_an_unreadable_file_is_reported_in_its_part_and_the_others_still_print(tmp_path):
+    plant(tmp_path)
+    (tmp_path / "allocators-2.json").write_text('{"subjects": {"native": ')  # a process killed mid-write
+    text = printed(tmp_path)
+    rows = summary(tmp_path)
+    assert rows["part 1"][0].startswith("unreadable results (JSONDecodeError: ")
+    assert line(text, "- **Not in this run**") == "- **Not in this run**: part 1 (its files are unreadable)"
+    assert rows["torch.empty + release, native"][2] == "baseline"
+
+
+def test_the_section_ends_with_how_to_read_it(full_run):
+    text = printed(full_run)
+    assert text.startswith("## One run of run_all.sh\n")
+    assert text.index("| # | figure | value | target | verdict |") < text.index("### How to read it")
+    assert "- **value**: the median over the processes" in text
 
 
 def thread_row(table: dict, allocator: str, streams: str, threads: int) -> tuple:
@@ -224,3 +361,58 @@ def test_a_gpumem_process_that_passed_its_limit_is_a_missed_target(tmp_path):
             "peak_reserved": (5 if held else 7) * GiB, "cap_held": held})
     verdict = summary(tmp_path)["multithreaded workload, highest peak reserved over the processes: gpumem / native"][2]
     assert verdict == "missed: passed it in 1 of 2 processes"
+
+
+def test_run_all_records_its_command_with_the_settings_from_the_environment(tmp_path):
+    """run_all.sh writes command.txt before anything else can fail: here the install, with an
+    interpreter that fails at once."""
+    out = tmp_path / "bench out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BENCH_")}
+    env.update(PYTHON="false", BENCH_TRAIN_ROUNDS="2")
+    done = subprocess.run(["bash", str(SUMMARIZE.parent / "run_all.sh"), str(out)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1
+    quoted = str(out).replace(" ", "\\ ")
+    assert (out / "command.txt").read_text() == f"PYTHON=false BENCH_TRAIN_ROUNDS=2 bash benchmarks/run_all.sh {quoted}\n"
+    assert line(printed(out), "- **Command**") == \
+        f"- **Command**: `PYTHON=false BENCH_TRAIN_ROUNDS=2 bash benchmarks/run_all.sh {quoted}`, then " \
+        "`python3 benchmarks/summarize.py bench out`"
+
+
+DOC = SUMMARIZE.parents[1] / "docs" / "benchmarks.md"
+BEGIN = "<!-- The section below is summarize.py's output, unedited"
+END = "<!-- End of summarize.py's output. -->"
+
+
+def test_the_docs_first_section_after_the_measurements_is_summarizes_output(full_run):
+    """docs/benchmarks.md carries one run's section as summarize.py prints it: the same opening,
+    the same lines naming the command and the machine, a table of its columns, the same guide."""
+    doc = DOC.read_text()
+    block = doc[doc.index(BEGIN):doc.index(END)].split("-->\n", 1)[1].rstrip("\n")
+    ours = printed(full_run).rstrip("\n")
+    assert doc.index(BEGIN) < doc.index("## ")  # the first section of the page
+    assert block.split("\n", 1)[0] == ours.split("\n", 1)[0] == "## One run of run_all.sh"
+    for start in ("- **Command**: ", "- **Machine**: ", "- **Date**: ", "- **Not in this run**: "):
+        assert line(block, start)
+    assert "| # | figure | value | target | verdict |\n|---|---|---|---|---|\n| 1 | " in block
+    guide = ours[ours.index("### How to read it"):]
+    assert block.endswith("\n\n" + guide)
+    assert "\n\n" + guide not in doc.replace(block, "")  # the guide is printed, not also written by hand
+
+
+def test_the_docs_prose_names_no_gpumem_commit():
+    """History lives in git: no docs page (design.md and compatibility.md aside, which name
+    PyTorch's trees) cites a commit of this repository."""
+    root = SUMMARIZE.parents[1]
+    if subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    pages = [root / "README.md"] + [p for p in sorted((root / "docs").glob("*.md"))
+                                    if p.name not in ("design.md", "compatibility.md")]
+    cited = []
+    for page in pages:
+        for token in sorted(set(re.findall(r"\b[0-9a-f]{7,40}\b", page.read_text()))):
+            known = subprocess.run(["git", "-C", str(root), "cat-file", "-e", f"{token}^{{commit}}"],
+                                   capture_output=True)
+            if known.returncode == 0:
+                cited.append(f"{page.name}: {token}")
+    assert cited == []
