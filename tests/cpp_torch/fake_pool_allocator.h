@@ -126,6 +126,9 @@ class FakePoolAllocator final : public c10::cuda::CUDACachingAllocator::CUDAAllo
     unused();
   }
   void attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver) override { unused(); }
+#if GPUMEM_TORCH_HAS_OOM_REJECTION_OBSERVER
+  void attachOomRejectionObserver(c10::cuda::CUDACachingAllocator::OomRejectionObserver) override { unused(); }
+#endif
   void attachAllocatorTraceTracker(c10::cuda::CUDACachingAllocator::AllocatorTraceTracker) override { unused(); }
   void enablePeerAccess(DeviceIndex, DeviceIndex) override { unused(); }
   cudaError_t memcpyAsync(void*, int, const void*, int, size_t, cudaStream_t, bool) override { unused(); }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "adapter_fixture.h"
+#include "torch_calls.h"
 
 using namespace gpumem;
 using namespace gpumem::testing;
@@ -49,11 +50,11 @@ TEST_CASE("snapshot marks plain segments not expandable", "[torch][growable]") {
 TEST_CASE("history records the pages growable segments map and unmap, as torch's expandable segments do",
           "[torch][growable]") {
   SimAdapter sim(1 * GiB, 2, kPage);
-  sim.adapter.recordHistory(true, nullptr, 100, c10::cuda::CUDACachingAllocator::RecordContext::STATE, false, {});
+  record_history(sim.adapter, true, nullptr, 100, TorchRecordContext::STATE);
   c10::DataPtr a = sim.adapter.allocate(8 * MiB);
   const std::uintptr_t address = address_of(a);
   a.clear();
-  sim.adapter.emptyCache({0, 0});
+  empty_cache(sim.adapter);
   const std::vector<TraceEntry> entries = segment_entries(sim.adapter);
   REQUIRE(entries.size() == 2);
   REQUIRE(entries[0].action_ == Action::SEGMENT_MAP);
@@ -64,6 +65,7 @@ TEST_CASE("history records the pages growable segments map and unmap, as torch's
   REQUIRE(entries[1].size_ == 8 * MiB);
 }
 
+#if GPUMEM_TORCH_HAS_EXPANDABLE_SEGMENT_SIZES  // getExpandableSegmentSizes: from 2.10 on
 TEST_CASE("expandable segment sizes are the mapped bytes per side stream and pool kind", "[torch][growable]") {
   SimAdapter sim(1 * GiB, 2, kPage);
   c10::DataPtr on_default_stream = sim.adapter.allocate(8 * MiB);
@@ -83,3 +85,4 @@ TEST_CASE("a device that has made no allocator lists no expandable segments", "[
   REQUIRE(sim.adapter.getExpandableSegmentSizes(1).empty());
   REQUIRE(sim.adapter.core().existing(1) == nullptr);
 }
+#endif

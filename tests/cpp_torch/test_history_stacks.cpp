@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "adapter_fixture.h"
+#include "torch_calls.h"
 
 using namespace gpumem;
 using namespace gpumem::testing;
@@ -33,7 +34,7 @@ int id_of(const std::shared_ptr<c10::GatheredContext>& context) {
 
 void record(TorchAllocator& adapter, RecordContext when) {
   gathered = 0;
-  adapter.recordHistory(true, &recorder, 1000, when, true, {});
+  record_history(adapter, true, &recorder, 1000, when, true);
 }
 
 const c10::cuda::CUDACachingAllocator::TraceEntry& entry(TorchAllocator& adapter, Action action, int nth = 0) {
@@ -119,7 +120,7 @@ TEST_CASE("a segment freed by empty_cache carries empty_cache's stack at ALL and
   SimAdapter sim;
   record(sim.adapter, when);
   { c10::DataPtr a = sim.adapter.allocate(12 * MiB); }  // a segment of its own size: its head is not split
-  sim.adapter.emptyCache({0, 0});
+  empty_cache(sim.adapter);
   const int expected = when == RecordContext::ALL ? 3 : 1;  // ALL: 1 alloc, 2 free, 3 empty_cache
   REQUIRE(id_of(entry(sim.adapter, Action::SEGMENT_FREE).context_) == expected);
 }
@@ -141,15 +142,13 @@ TEST_CASE("an out-of-memory entry carries the stack of the request", "[torch][hi
   REQUIRE(id_of(entry(sim.adapter, Action::OOM).context_) == 1);
 }
 
-void stop_recording(TorchAllocator& adapter) { adapter.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {}); }
-
 TEST_CASE("turning history off keeps the stacks of live blocks and segments, as native", "[torch][history]") {
   // torch's cudagraph trees record a warm-up run only, then read the stacks of the blocks it left.
   SimAdapter sim;
   record(sim.adapter, RecordContext::STATE);
   c10::DataPtr a = sim.adapter.allocate(12 * MiB);  // stack 1, a segment of its own size
   c10::DataPtr b = sim.adapter.allocate(1000);      // stack 2
-  stop_recording(sim.adapter);
+  stop_history(sim.adapter);
   REQUIRE(snapshot_stacks(sim.adapter, a.get()) == std::pair{1, 1});
   REQUIRE(snapshot_stacks(sim.adapter, b.get()).first == 2);
   REQUIRE(sim.adapter.snapshot_of({0, 0}, true).device_traces.at(0).empty());  // the entries went
@@ -163,7 +162,7 @@ TEST_CASE("a kept stack goes with its block: what is allocated there later shows
   {
     c10::DataPtr a = sim.adapter.allocate(4000);
     where = a.get();
-    stop_recording(sim.adapter);
+    stop_history(sim.adapter);
   }
   c10::DataPtr again = sim.adapter.allocate(4000);
   REQUIRE(again.get() == where);
@@ -175,14 +174,15 @@ TEST_CASE("once the last kept stack is gone the allocation path stops reporting"
   SimAdapter sim;
   record(sim.adapter, RecordContext::STATE);
   std::optional<c10::DataPtr> a(sim.adapter.allocate(12 * MiB));
-  stop_recording(sim.adapter);
+  stop_history(sim.adapter);
   REQUIRE(History::any_active());  // following a's stacks
   a.reset();
   REQUIRE(History::any_active());  // the segment's stack stays until the segment is given back
-  sim.adapter.emptyCache({0, 0});
+  empty_cache(sim.adapter);
   REQUIRE_FALSE(History::any_active());
 }
 
+#if GPUMEM_TORCH_HAS_COMPILE_CONTEXT && GPUMEM_TORCH_HAS_USER_METADATA  // user metadata: from 2.10 on; compile contexts are older
 TEST_CASE("entries are tagged with the compile region and the user's metadata", "[torch][history]") {
   SimAdapter sim;
   record(sim.adapter, RecordContext::STATE);
@@ -199,6 +199,7 @@ TEST_CASE("entries are tagged with the compile region and the user's metadata", 
   REQUIRE(entry(sim.adapter, Action::ALLOC, 1).compile_context_ == "N/A");
   REQUIRE(entry(sim.adapter, Action::ALLOC, 1).user_metadata_.empty());
 }
+#endif
 
 namespace {
 
@@ -215,7 +216,7 @@ TEST_CASE("a recorder that throws costs the stack, not the allocation or the fre
   SimAdapter sim;
   CollectWarnings warnings;
   c10::WarningUtils::WarningHandlerGuard guard(&warnings);
-  sim.adapter.recordHistory(true, &failing_recorder, 100, RecordContext::ALL, true, {});
+  record_history(sim.adapter, true, &failing_recorder, 100, RecordContext::ALL, true);
   c10::DataPtr a = sim.adapter.allocate(1000);
   a.clear();
   REQUIRE(sim.core_device().stats().allocated_bytes[kAll].current == 0);
@@ -231,7 +232,7 @@ TEST_CASE("a trace tracker that throws leaves the allocator consistent", "[torch
   c10::DataPtr a = sim.adapter.allocate(3 * MiB);  // a new segment: the tracker hears of it first
   REQUIRE(sim.backend.ledger(0).in_use == sim.reserved());
   a.clear();
-  sim.adapter.emptyCache({0, 0});
+  empty_cache(sim.adapter);
   REQUIRE(sim.backend.ledger(0).in_use == 0);
   REQUIRE_FALSE(warnings.messages.empty());
   sim.core_device().check_invariants();

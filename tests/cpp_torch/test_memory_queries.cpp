@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "adapter_fixture.h"
+#include "torch_calls.h"
 
 using namespace gpumem;
 using namespace gpumem::testing;
@@ -64,7 +65,7 @@ TEST_CASE("emptyCache returns every cached segment of every device", "[torch][ca
   { c10::DataPtr a = sim.adapter.allocate(8 * MiB); }
   sim.context.device = 1;
   { c10::DataPtr b = sim.adapter.allocate(1000); }
-  sim.adapter.emptyCache({0, 0});
+  empty_cache(sim.adapter);
   REQUIRE(sim.reserved(0) == 0);
   REQUIRE(sim.reserved(1) == 0);
   REQUIRE(sim.backend.ledger(0).in_use == 0);
@@ -74,7 +75,7 @@ TEST_CASE("emptyCache returns every cached segment of every device", "[torch][ca
 TEST_CASE("emptyCache keeps memory that is in use", "[torch][cache]") {
   SimAdapter sim;
   c10::DataPtr live = sim.adapter.allocate(8 * MiB);
-  sim.adapter.emptyCache({0, 0});
+  empty_cache(sim.adapter);
   REQUIRE(sim.reserved() == 20 * MiB);
 }
 
@@ -100,7 +101,7 @@ TEST_CASE("getMemoryInfo reports the limit as total and what could still be rese
   sim.core_device().set_limit(std::string_view("256MB"));
   c10::DataPtr live = sim.adapter.allocate(100 * MiB);
   { c10::DataPtr cached = sim.adapter.allocate(50 * MiB); }
-  const auto [free, total] = sim.adapter.getMemoryInfo(0);
+  const auto [free, total] = memory_info(sim.adapter, 0);
   REQUIRE(total == 256 * MiB);
   REQUIRE(free == 256 * MiB - sim.reserved());  // cached memory is not free, as native counts it
   REQUIRE(sim.reserved() == 150 * MiB);
@@ -120,7 +121,7 @@ TEST_CASE("getMemoryInfo's free is bounded by what the device itself has", "[tor
   CachingAllocator another_process(sim.backend);  // holds device memory outside this allocator
   void* theirs = another_process.raw_alloc(0, 600 * MiB, 0);
   c10::DataPtr live = sim.adapter.allocate(100 * MiB);
-  const auto [free, total] = sim.adapter.getMemoryInfo(0);
+  const auto [free, total] = memory_info(sim.adapter, 0);
   REQUIRE(total == 1 * GiB);
   REQUIRE(free == 1 * GiB - 700 * MiB);
   another_process.raw_free(theirs);
@@ -152,7 +153,7 @@ TEST_CASE("under a limit on the whole process the adapter measures what is outsi
   c10::DataPtr live = sim.adapter.allocate(100 * MiB);
   REQUIRE(sim.core_device().cap().outside() == 64 * MiB);  // through the adapter's backend
   REQUIRE(sim.core_device().outside_source() == OutsideSource::kProcessAccounting);
-  const auto [free, total] = sim.adapter.getMemoryInfo(0);
+  const auto [free, total] = memory_info(sim.adapter, 0);
   REQUIRE(total == 256 * MiB);
   REQUIRE(free == 256 * MiB - sim.reserved() - 64 * MiB);
   REQUIRE_THROWS_AS(sim.adapter.allocate(120 * MiB), c10::OutOfMemoryError);  // 100 + 120 + 64 > 256

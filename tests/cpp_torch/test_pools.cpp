@@ -5,6 +5,8 @@
 
 #include "adapter_fixture.h"
 #include "fake_pool_allocator.h"
+#include "torch_calls.h"
+#include "torch_settings.h"
 
 using namespace gpumem;
 using namespace gpumem::testing;
@@ -56,7 +58,7 @@ TEST_CASE("beginAllocateToPool creates the pool and holds it until releasePool",
 
 TEST_CASE("createOrIncrefPool adds a holder and each releasePool drops one", "[torch][pools]") {
   SimAdapter sim;
-  sim.adapter.createOrIncrefPool(0, kPool, nullptr);
+  create_or_incref_pool(sim.adapter, 0, kPool);
   sim.adapter.beginAllocateToPool(0, kPool, capture_stream_only());
   sim.adapter.endAllocateToPool(0, kPool);
   REQUIRE(sim.adapter.getPoolUseCount(0, kPool) == 2);
@@ -73,7 +75,7 @@ TEST_CASE("a released pool's cache goes back to the device", "[torch][pools]") {
   REQUIRE(sim.reserved() == 30 * MiB);
   sim.adapter.releasePool(0, kPool);  // as native: the pool is freeable now, its cache still there
   REQUIRE(sim.reserved() == 30 * MiB);
-  sim.adapter.emptyCache(kPool);
+  empty_cache(sim.adapter, kPool);
   REQUIRE(sim.reserved() == 0);
 }
 
@@ -83,7 +85,7 @@ TEST_CASE("a held pool's cache survives emptyCache", "[torch][pools]") {
   sim.context.stream = kCaptureStream;
   { c10::DataPtr captured = sim.adapter.allocate(30 * MiB); }
   sim.adapter.endAllocateToPool(0, kPool);
-  sim.adapter.emptyCache(kPool);
+  empty_cache(sim.adapter, kPool);
   REQUIRE(sim.reserved() == 30 * MiB);
 }
 
@@ -95,7 +97,7 @@ TEST_CASE("a pool block outliving its pool's release is freed normally", "[torch
   sim.adapter.endAllocateToPool(0, kPool);
   sim.adapter.releasePool(0, kPool);
   captured.clear();
-  sim.adapter.emptyCache({0, 0});
+  empty_cache(sim.adapter);
   REQUIRE(sim.reserved() == 0);
   sim.core_device().check_invariants();
 }
@@ -125,10 +127,11 @@ TEST_CASE("raw_delete frees a pool block whose DataPtr let go of it", "[torch][p
   REQUIRE(sim.core_device().stats().allocated_bytes[kAll].current == 0);
 }
 
+#if GPUMEM_TORCH_HAS_EMPTY_CACHE_POOL  // emptyCache of one pool: from 2.8 on
 TEST_CASE("MemPool's destructor (releasePool, then emptyCache of its id) empties its pool only", "[torch][pools]") {
   SimAdapter sim;
   { c10::DataPtr plain = sim.adapter.allocate(30 * MiB); }
-  sim.adapter.createOrIncrefPool(0, kPool, nullptr);
+  create_or_incref_pool(sim.adapter, 0, kPool);
   sim.adapter.beginAllocateToPool(0, kPool, capture_stream_only());
   sim.context.stream = kCaptureStream;
   { c10::DataPtr pooled = sim.adapter.allocate(12 * MiB); }
@@ -136,12 +139,15 @@ TEST_CASE("MemPool's destructor (releasePool, then emptyCache of its id) empties
   sim.adapter.releasePool(0, kPool);  // use_mem_pool's end
   REQUIRE(sim.reserved() == 42 * MiB);
   sim.adapter.releasePool(0, kPool);
-  sim.adapter.emptyCache(kPool);
+  empty_cache(sim.adapter, kPool);
   REQUIRE(sim.reserved() == 30 * MiB);
   REQUIRE(sim.adapter.getPoolUseCount(0, kPool) == 0);
 }
+#endif
 
 // ---- a MemPool with its own allocator ----
+
+#if GPUMEM_TORCH_HAS_CREATE_OR_INCREF_POOL  // createOrIncrefPool takes the allocator: from 2.8 on
 
 namespace {
 
@@ -152,7 +158,7 @@ struct PoolWithAllocator {
   explicit PoolWithAllocator(SimAdapter& sim, int device = 0)
       : sim(sim), device(device), fake(std::make_shared<FakePoolAllocator>(sim.context)) {
     sim.context.device = device;
-    sim.adapter.createOrIncrefPool(device, kPool, fake);
+    sim.adapter.createOrIncrefPool(device, kPool, pool_allocator_arg(fake));
     sim.adapter.beginAllocateToPool(device, kPool, capture_stream_only());
     sim.context.stream = kCaptureStream;
   }
@@ -161,7 +167,7 @@ struct PoolWithAllocator {
     sim.adapter.endAllocateToPool(device, kPool);
     sim.adapter.releasePool(device, kPool);
     sim.adapter.releasePool(device, kPool);
-    sim.adapter.emptyCache(kPool);
+    empty_cache(sim.adapter, kPool);
   }
   SimAdapter& sim;
   int device;
@@ -215,7 +221,7 @@ TEST_CASE("a MemPool's allocator is called with the pool's device current", "[to
   sim.adapter.releasePool(1, kPool);
   sim.adapter.releasePool(1, kPool);
   sim.context.device = 0;
-  sim.adapter.emptyCache(kPool);
+  empty_cache(sim.adapter, kPool);
   REQUIRE(pool.fake->alloc_devices == std::vector<int>{1});
   REQUIRE(pool.fake->delete_devices == std::vector<int>{1});
   REQUIRE(sim.context.device == 0);  // restored
@@ -264,6 +270,7 @@ TEST_CASE("a MemPool's allocator that throws passes its error on, the cap rolled
   REQUIRE(sim.reserved() == 12 * MiB);
 }
 
+#if GPUMEM_TORCH_HAS_POOL_ALLOCATOR_SHARED_PTR  // gpumem holds the allocator (a shared_ptr): from 2.11 on
 TEST_CASE("a MemPool's allocator is kept alive while its pool holds segments from it", "[torch][pools][allocator]") {
   SimAdapter sim;
   std::weak_ptr<FakePoolAllocator> watch;
@@ -277,23 +284,24 @@ TEST_CASE("a MemPool's allocator is kept alive while its pool holds segments fro
   REQUIRE_FALSE(watch.expired());  // the MemPool is gone; a tensor of it lives on
   live.clear();
   REQUIRE_FALSE(watch.expired());  // freed into the pool's cache
-  sim.adapter.emptyCache(kPool);
+  empty_cache(sim.adapter, kPool);
   REQUIRE(watch.expired());
   REQUIRE(sim.reserved() == 0);
 }
+#endif
 
 TEST_CASE("an allocator for a pool that exists already is refused with a clear error", "[torch][pools][allocator]") {
   SimAdapter sim;
-  sim.adapter.createOrIncrefPool(0, kPool, nullptr);
+  create_or_incref_pool(sim.adapter, 0, kPool);
   auto fake = std::make_shared<FakePoolAllocator>(sim.context);
-  REQUIRE_THROWS_WITH(sim.adapter.createOrIncrefPool(0, kPool, fake), Catch::Contains("exists already"));
+  REQUIRE_THROWS_WITH(sim.adapter.createOrIncrefPool(0, kPool, pool_allocator_arg(fake)), Catch::Contains("exists already"));
   REQUIRE(sim.adapter.getPoolUseCount(0, kPool) == 1);
 }
 
 TEST_CASE("gpumem itself as a MemPool's allocator is the same as none", "[torch][pools][allocator]") {
   SimAdapter sim;
   TorchAllocatorPtr self(&sim.adapter, [](auto*) {});
-  sim.adapter.createOrIncrefPool(0, kPool, self);
+  sim.adapter.createOrIncrefPool(0, kPool, pool_allocator_arg(self));
   sim.adapter.beginAllocateToPool(0, kPool, capture_stream_only());
   sim.context.stream = kCaptureStream;
   c10::DataPtr a = sim.adapter.allocate(1 * MiB);
@@ -301,12 +309,14 @@ TEST_CASE("gpumem itself as a MemPool's allocator is the same as none", "[torch]
   REQUIRE(pool_of(sim, a) == PoolId{1, 0});
   sim.adapter.endAllocateToPool(0, kPool);
 }
+#endif  // GPUMEM_TORCH_HAS_CREATE_OR_INCREF_POOL
 
 // ---- no_split and use_on_oom ----
 
+#if GPUMEM_TORCH_HAS_SET_NO_SPLIT  // setNoSplit: from 2.10 on
 TEST_CASE("a no_split MemPool hands out whole blocks", "[torch][pools][no_split]") {
   SimAdapter sim;
-  sim.adapter.createOrIncrefPool(0, kPool, nullptr);
+  create_or_incref_pool(sim.adapter, 0, kPool);
   sim.adapter.setNoSplit(0, kPool);
   sim.adapter.beginAllocateToPool(0, kPool, capture_stream_only());
   sim.context.stream = kCaptureStream;
@@ -320,12 +330,14 @@ TEST_CASE("a no_split MemPool hands out whole blocks", "[torch][pools][no_split]
   }
   REQUIRE(segments == 2);
 }
+#endif
 
+#if GPUMEM_TORCH_HAS_SET_USE_ON_OOM  // setUseOnOOM: from 2.8 on
 TEST_CASE("a use_on_oom MemPool's cached blocks serve a default-pool request at the cap", "[torch][pools][use_on_oom]") {
   SimAdapter sim;
   sim.core_device().set_limit(std::optional<std::size_t>(40 * MiB));
-  sim.adapter.createOrIncrefPool(0, kPool, nullptr);
-  sim.adapter.setUseOnOOM(0, kPool, true);
+  create_or_incref_pool(sim.adapter, 0, kPool);
+  set_use_on_oom(sim.adapter, 0, kPool);
   sim.adapter.beginAllocateToPool(0, kPool, capture_stream_only());
   sim.context.stream = kCaptureStream;
   std::uintptr_t cached = 0;
@@ -336,20 +348,25 @@ TEST_CASE("a use_on_oom MemPool's cached blocks serve a default-pool request at 
   sim.adapter.endAllocateToPool(0, kPool);
   c10::DataPtr borrowed = sim.adapter.allocate(30 * MiB);  // 30 + 30 MiB do not fit under 40
   REQUIRE(address_of(borrowed) == cached);
+#if GPUMEM_TORCH_HAS_SET_USE_ON_OOM_FLAG  // clearing the option: from 2.11 on
   borrowed.clear();
   sim.adapter.setUseOnOOM(0, kPool, false);
   REQUIRE_THROWS_AS(sim.adapter.allocate(30 * MiB), c10::OutOfMemoryError);
+#endif
 }
+#endif
 
+#if GPUMEM_TORCH_HAS_SET_NO_SPLIT  // setNoSplit: from 2.10 on
 TEST_CASE("pool options for a pool that does not exist raise an error", "[torch][pools]") {
   SimAdapter sim;
   REQUIRE_THROWS_WITH(sim.adapter.setNoSplit(0, kPool), Catch::Contains("does not exist"));
 }
+#endif
 
+#if GPUMEM_TORCH_HAS_CAPTURE_RECORD_STREAM_REUSE  // the setting is newer than 2.6
 TEST_CASE("torch's graph_capture_record_stream_reuse setting reaches the pool a capture begins", "[torch][pools]") {
   const bool reuse = GENERATE(false, true);
-  c10::CachingAllocator::setAllocatorSettings(std::string("graph_capture_record_stream_reuse:") +
-                                              (reuse ? "True" : "False"));
+  set_torch_settings(std::string("graph_capture_record_stream_reuse:") + (reuse ? "True" : "False"));
   SimAdapter sim;
   sim.adapter.beginAllocateToPool(0, kPool, [](cudaStream_t) { return true; });
   sim.context.stream = 1;
@@ -362,5 +379,6 @@ TEST_CASE("torch's graph_capture_record_stream_reuse setting reaches the pool a 
   c10::DataPtr next = sim.adapter.allocate(4096);
   REQUIRE((next.get() == freed) == reuse);
   sim.adapter.endAllocateToPool(0, kPool);
-  c10::CachingAllocator::setAllocatorSettings("graph_capture_record_stream_reuse:False");
+  set_torch_settings("graph_capture_record_stream_reuse:False");
 }
+#endif

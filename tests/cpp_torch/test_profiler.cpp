@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "adapter_fixture.h"
+#include "torch_calls.h"
 
 using namespace gpumem;
 using namespace gpumem::testing;
@@ -58,7 +59,7 @@ TEST_CASE("the memory profiler hears of raw allocations as of tensors, recording
   SimAdapter sim;
   const bool recording = GENERATE(false, true);
   if (recording) {
-    sim.adapter.recordHistory(true, nullptr, 100, c10::cuda::CUDACachingAllocator::RecordContext::STATE, false, {});
+    record_history(sim.adapter, true, nullptr, 100, TorchRecordContext::STATE);
   }
   auto profiler = std::make_shared<FakeProfiler>();
   c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, profiler);

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "adapter_fixture.h"
+#include "torch_calls.h"
 
 using namespace gpumem;
 using namespace gpumem::testing;
@@ -24,9 +25,15 @@ std::vector<Action> actions(TorchAllocator& adapter, int device = 0) {
   return out;
 }
 
-void record_history(TorchAllocator& adapter, std::size_t max_entries, std::vector<std::string> skip = {}) {
-  adapter.recordHistory(true, nullptr, max_entries, RecordContext::STATE, false, skip);
+void record_history(TorchAllocator& adapter, std::size_t max_entries) {
+  testing::record_history(adapter, true, nullptr, max_entries, RecordContext::STATE);
 }
+
+#if GPUMEM_TORCH_HAS_SKIP_ACTIONS
+void record_history(TorchAllocator& adapter, std::size_t max_entries, const std::vector<std::string>& skip) {
+  testing::record_history(adapter, true, nullptr, max_entries, RecordContext::STATE, false, skip);
+}
+#endif
 
 }  // namespace
 
@@ -111,7 +118,7 @@ TEST_CASE("history records segment_free when the cache is emptied", "[torch][his
   SimAdapter sim;
   { c10::DataPtr a = sim.adapter.allocate(1000); }
   record_history(sim.adapter, 100);
-  sim.adapter.emptyCache({0, 0});
+  empty_cache(sim.adapter);
   REQUIRE(actions(sim.adapter) == std::vector<Action>{Action::SEGMENT_FREE});
 }
 
@@ -150,40 +157,46 @@ TEST_CASE("history keeps the most recent entries up to its bound", "[torch][hist
   for (int i = 0; i < 3; ++i) REQUIRE(traces[i].addr_ == addresses[i + 2]);
 }
 
+#if GPUMEM_TORCH_HAS_SKIP_ACTIONS  // recordHistory's skip_actions: from 2.11 on
 TEST_CASE("history skips the actions it is told to skip", "[torch][history]") {
   SimAdapter sim;
   record_history(sim.adapter, 100, {"alloc", "segment_alloc"});
   { c10::DataPtr a = sim.adapter.allocate(1000); }
   REQUIRE(actions(sim.adapter) == std::vector<Action>{Action::FREE_REQUESTED, Action::FREE_COMPLETED});
 }
+#endif
 
 TEST_CASE("turning history off drops what it recorded, as native does", "[torch][history]") {
   SimAdapter sim;
   record_history(sim.adapter, 100);
   { c10::DataPtr a = sim.adapter.allocate(1000); }
   REQUIRE(actions(sim.adapter).size() == 4);
-  sim.adapter.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {});
+  stop_history(sim.adapter);
   REQUIRE_FALSE(sim.adapter.isHistoryEnabled());
   { c10::DataPtr b = sim.adapter.allocate(1000); }
   REQUIRE(actions(sim.adapter).empty());
 }
 
+#if GPUMEM_TORCH_HAS_CLEAR_HISTORY  // recordHistory's clear_history: from 2.8 on
 TEST_CASE("clearing history drops the entries while recording goes on", "[torch][history]") {
   SimAdapter sim;
   record_history(sim.adapter, 100);
   { c10::DataPtr a = sim.adapter.allocate(1000); }
-  sim.adapter.recordHistory(true, nullptr, 100, RecordContext::STATE, true, {});
+  testing::record_history(sim.adapter, true, nullptr, 100, RecordContext::STATE, true);
   REQUIRE(actions(sim.adapter).empty());
   { c10::DataPtr b = sim.adapter.allocate(1000); }  // from the cache: no segment_alloc
   REQUIRE(actions(sim.adapter) == std::vector<Action>{Action::ALLOC, Action::FREE_REQUESTED, Action::FREE_COMPLETED});
 }
+#endif
 
+#if GPUMEM_TORCH_HAS_SKIP_ACTIONS  // recordHistory's skip_actions: from 2.11 on
 TEST_CASE("an unknown action in skip_actions is an error that changes nothing", "[torch][history]") {
   SimAdapter sim;
   REQUIRE_THROWS_WITH(record_history(sim.adapter, 100, {"alloc", "allocate"}),
                       Catch::Contains("'allocate'") && Catch::Contains("segment_unmap"));
   REQUIRE_FALSE(sim.adapter.isHistoryEnabled());
 }
+#endif
 
 TEST_CASE("an attached trace tracker sees allocations without history on", "[torch][history]") {
   SimAdapter sim;
@@ -248,7 +261,7 @@ TEST_CASE("a segment given back to the device takes what was freed in it along",
     c10::DataPtr next = sim.adapter.allocate(1000);
     start = address_of(head);
   }
-  sim.adapter.emptyCache({0, 0});
+  empty_cache(sim.adapter);
   c10::DataPtr fresh = sim.adapter.allocate(512);
   REQUIRE(address_of(fresh) == start);  // the simulated device hands the same range out again
   REQUIRE(free_block_requested(sim.adapter, start + 512) == 0);
@@ -262,7 +275,7 @@ TEST_CASE("without recording a free block shows no requested size", "[torch][sna
     c10::DataPtr freed = sim.adapter.allocate(1000);
     start = address_of(freed);
   }
-  sim.adapter.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {});
+  stop_history(sim.adapter);
   REQUIRE(free_block_requested(sim.adapter, start) == 0);
 }
 
