@@ -82,7 +82,7 @@ TEST_CASE("a segment whose head is split for a request shows no stack, as native
   REQUIRE(snapshot_stacks(sim.adapter, b.get()) == std::pair{2, 0});
 }
 
-TEST_CASE("a freed block's stack is forgotten; the next block there shows its own", "[torch][history]") {
+TEST_CASE("a freed block's stack is forgotten, and the next block there shows its own", "[torch][history]") {
   SimAdapter sim;
   record(sim.adapter, RecordContext::STATE);
   c10::DataPtr keep = sim.adapter.allocate(1000);

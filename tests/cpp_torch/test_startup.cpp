@@ -144,7 +144,7 @@ TEST_CASE("under GPUMEM_LIMIT alone getMemoryFraction is 1, as natively with no 
   REQUIRE(sim.core_device(0).limit() == 8 * GiB);  // the last call holds
 }
 
-TEST_CASE("torch's expandable_segments picks the segments; GPUMEM_SEGMENTS overrides it", "[torch][startup]") {
+TEST_CASE("torch's expandable_segments picks the segments, and GPUMEM_SEGMENTS overrides it", "[torch][startup]") {
   TorchSettings torch;
   torch.growable = false;
   SimAdapter plain(8 * GiB, 1, 2 * MiB);

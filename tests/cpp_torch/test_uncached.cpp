@@ -72,7 +72,7 @@ TEST_CASE("cached memory counts against the cap beside uncached memory", "[torch
   sim.core_device().check_invariants();
 }
 
-TEST_CASE("raw_alloc with caching off leaves the statistics alone; with caching on it counts", "[torch][uncached]") {
+TEST_CASE("raw_alloc with caching off leaves the statistics alone, and with caching on it counts", "[torch][uncached]") {
   SimAdapter sim;
   sim.adapter.enable(false);
   void* ptr = sim.adapter.raw_alloc(1 * MiB);
