@@ -52,7 +52,7 @@ adapter="not run"
 if cmake -S . -B "$build/cmake" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUMEM_BENCHMARKS=OFF \
     -DGPUMEM_TORCH_TESTS=ON >"$build/configure.log" 2>&1 &&
   ninja -C "$build/cmake" -j "$JOBS" gpumem_torch_tests >"$build/build.log" 2>&1; then
-  ctest --test-dir "$build/cmake" -R "^torch: " --no-tests=error -j "$JOBS" --output-on-failure >"$build/ctest.log" 2>&1
+  ctest --test-dir "$build/cmake" -R "^torch:" --no-tests=error -j "$JOBS" --output-on-failure >"$build/ctest.log" 2>&1
   status=$?
   tail -n 3 "$build/ctest.log"
   total=$(sed -n 's/.* tests passed, [0-9]* tests failed out of \([0-9]*\)/\1/p' "$build/ctest.log")

@@ -9,7 +9,8 @@ torch sees the cap.
   Code that took the function before gpumem was installed (`from torch.cuda import mem_get_info`
   at import, ahead of gpumem.set_limit) keeps the original.
 - `torch._C._accelerator_setAllocatorSettings` (what `torch.cuda.memory._set_allocator_settings`
-  calls): after torch has parsed the settings, what they name of expandable_segments and
+  calls; before torch 2.9 or so `torch._C._cuda_cudaCachingAllocator_set_allocator_settings`, which
+  2.6 has alone): after torch has parsed the settings, what they name of expandable_segments and
   garbage_collection_threshold reaches gpumem's devices (see csrc/torch/startup.h).
 """
 from __future__ import annotations
@@ -24,7 +25,9 @@ CAPPED, DEVICE = "capped", "device"
 VIEW_FORMS = _words.forms((CAPPED, DEVICE))
 
 _original_mem_get_info: Optional[Callable] = None
-_original_set_settings: Optional[Callable] = None
+# torch's settings setters, by name on torch._C: the newer releases' and the older ones'.
+SETTINGS_SETTERS = ("_accelerator_setAllocatorSettings", "_cuda_cudaCachingAllocator_set_allocator_settings")
+_original_set_settings: dict[str, Callable] = {}  # each one gpumem wrapped, by name
 _view = CAPPED
 # Which of torch's settings gpumem's own settings have fixed (GPUMEM_SEGMENTS, set_segments,
 # set_release_threshold): torch's settings changed later leave those alone.
@@ -43,15 +46,16 @@ def set_view(view: str) -> None:
 
 def install() -> None:
     """Puts the wrappers in place; once, when gpumem is installed (under gpumem._api's lock)."""
-    global _original_mem_get_info, _original_set_settings
+    global _original_mem_get_info
     if _original_mem_get_info is None:
         _original_mem_get_info = torch.cuda.memory.mem_get_info
         torch.cuda.memory.mem_get_info = _mem_get_info
         torch.cuda.mem_get_info = _mem_get_info
-    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-    if _original_set_settings is None and setter is not None:
-        _original_set_settings = setter
-        torch._C._accelerator_setAllocatorSettings = _set_allocator_settings
+    for name in SETTINGS_SETTERS:
+        setter = getattr(torch._C, name, None)
+        if name not in _original_set_settings and setter is not None:
+            _original_set_settings[name] = setter
+            setattr(torch._C, name, _settings_setter(setter))
 
 
 def device_mem_info(device=None) -> tuple[int, int]:
@@ -75,8 +79,10 @@ _mem_get_info.__doc__ = (
     "total is the limit, free what gpumem could still reserve. gpumem.device_mem_info gives the device's own.")
 
 
-def _set_allocator_settings(text, *args, **kwargs):
-    result = _original_set_settings(text, *args, **kwargs)
-    if _C.is_installed() and isinstance(text, str):
-        _C.apply_changed_torch_settings(text, fixed["segments"], fixed["release_threshold"])
-    return result
+def _settings_setter(original: Callable) -> Callable:
+    def set_allocator_settings(text, *args, **kwargs):
+        result = original(text, *args, **kwargs)
+        if _C.is_installed() and isinstance(text, str):
+            _C.apply_changed_torch_settings(text, fixed["segments"], fixed["release_threshold"])
+        return result
+    return set_allocator_settings

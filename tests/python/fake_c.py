@@ -218,9 +218,10 @@ def use_fake_c(monkeypatch, fake: FakeC) -> None:
 
     monkeypatch.setattr(torch.cuda.memory, "mem_get_info", torch.cuda.memory.mem_get_info)
     monkeypatch.setattr(torch.cuda, "mem_get_info", torch.cuda.mem_get_info)
-    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-    if setter is not None:
-        monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", setter)
-    for name, value in [("_original_mem_get_info", None), ("_original_set_settings", None), ("_view", "capped"),
+    for setter_name in _torch_hooks.SETTINGS_SETTERS:
+        setter = getattr(torch._C, setter_name, None)
+        if setter is not None:
+            monkeypatch.setattr(torch._C, setter_name, setter)
+    for name, value in [("_original_mem_get_info", None), ("_original_set_settings", {}), ("_view", "capped"),
                         ("fixed", {"segments": False, "release_threshold": False})]:
         monkeypatch.setattr(_torch_hooks, name, value)

@@ -8,6 +8,7 @@ import torch
 
 import gpumem
 from fake_c import GiB
+from gpumem import _torch_hooks
 
 MiB = 1 << 20
 
@@ -22,7 +23,8 @@ def devices(fake_c, monkeypatch):
     monkeypatch.setattr(torch.cuda.memory, "mem_get_info", device_figures)
     monkeypatch.setattr(torch.cuda, "mem_get_info", device_figures)
     parsed = []
-    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", parsed.append, raising=False)
+    for name in _torch_hooks.SETTINGS_SETTERS:  # the one the running torch's _set_allocator_settings calls among them
+        monkeypatch.setattr(torch._C, name, parsed.append, raising=False)
     fake_c.parsed = parsed
     return fake_c
 
