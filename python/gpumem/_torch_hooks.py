@@ -18,10 +18,11 @@ from typing import Callable, Optional
 
 import torch
 
-from gpumem import _C, _words
+from gpumem import _C
+from gpumem.settings import words
 
 CAPPED, DEVICE = "capped", "device"
-VIEW_FORMS = _words.forms((CAPPED, DEVICE))
+VIEW_FORMS = words.forms((CAPPED, DEVICE))
 
 _original_mem_get_info: Optional[Callable] = None
 _original_set_settings: Optional[Callable] = None
@@ -33,7 +34,7 @@ fixed = {"segments": False, "release_threshold": False}
 
 def view_of(text: object) -> str:
     """CAPPED or DEVICE for a view's name (any case, blanks around); raises naming the value."""
-    return _words.one_of(text, (CAPPED, DEVICE), "mem_get_info view")
+    return words.one_of(text, (CAPPED, DEVICE), "mem_get_info view")
 
 
 def set_view(view: str) -> None:
@@ -42,7 +43,7 @@ def set_view(view: str) -> None:
 
 
 def install() -> None:
-    """Puts the wrappers in place; once, when gpumem is installed (under gpumem._api's lock)."""
+    """Puts the wrappers in place; once, when gpumem is installed (under gpumem.api's lock)."""
     global _original_mem_get_info, _original_set_settings
     if _original_mem_get_info is None:
         _original_mem_get_info = torch.cuda.memory.mem_get_info

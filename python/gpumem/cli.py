@@ -37,8 +37,10 @@ import signal
 import sys
 from typing import Callable, Iterator, Optional, Sequence
 
-from gpumem import _C, _env, _limits, _scope, _segments, _sizes, pressure, sharing
-from gpumem._words import bounded, shown, shown_path
+from gpumem import _C, sharing
+from gpumem.monitoring import pressure
+from gpumem.settings import environment as _env, limits as _limits, scope, segments, sizes as _sizes
+from gpumem.settings.echo import bounded, shown, shown_path
 
 EXIT_DOES_NOT_FIT = 1
 EXIT_USAGE = 2
@@ -129,8 +131,8 @@ def _parser() -> argparse.ArgumentParser:
                                        "not found, 126: cannot be executed).")
     run.add_argument("--limit", type=_checked(_assignments_spec),
                      help=f'"4GB", "50%%", or one per device "0:4GB,1:8GB". Forms: {_FORMS}')
-    run.add_argument("--scope", type=_checked(_scope.scope),
-                     help=f'what the limit bounds: {_scope.FORMS} (the whole process, as nvidia-smi counts it); '
+    run.add_argument("--scope", type=_checked(scope.scope),
+                     help=f'what the limit bounds: {scope.FORMS} (the whole process, as nvidia-smi counts it); '
                           "default: GPUMEM_SCOPE's, else allocator")
     run.add_argument("--share", action="store_true",
                      help="share the GPUs with the other gpumem processes on them: give back free cache when "
@@ -157,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--device-total", type=_checked(_positive_size("80GB")),
                         help="the device's memory, e.g. 80GB (default: as the snapshot records it, else twice "
                              "what the trace needs); percentages in --limit are of this")
-    replay.add_argument("--segments", choices=(_segments.GROWABLE, _segments.PLAIN), default=_segments.GROWABLE,
+    replay.add_argument("--segments", choices=(segments.GROWABLE, segments.PLAIN), default=segments.GROWABLE,
                         help="the segments gpumem replays with: growable (the default, as on a GPU with CUDA "
                              "virtual memory management; 2 MiB pages) or plain (one cudaMalloc per segment)")
     replay.add_argument("--plot", metavar="PNG", help="draw allocated, reserved and the limit over time to this file")
@@ -279,7 +281,7 @@ def _device(text: str) -> int:
 
 
 def _info(args) -> int:
-    from gpumem import reporting as report
+    from gpumem.monitoring import reporting as report
 
     count = _C.device_count()
     limits = _print_env_limit(count)
@@ -449,7 +451,7 @@ def _exec_failed(name: str, path: str, error: OSError) -> int:
 
 
 def _top(args) -> int:
-    from gpumem import _nvml, published, top
+    from gpumem.monitoring import nvml as _nvml, published, top
 
     warn_at = args.warn_at if args.warn_at is not None else _env.warn_at()
     run_dirs = published.run_dirs(_env.run_dir())
@@ -462,7 +464,7 @@ def _top(args) -> int:
 
 
 def _replay(args) -> int:
-    from gpumem import replay, snapshot_file
+    from gpumem.trace import replay, snapshot_file
 
     if args.plot:
         _require_matplotlib()
@@ -483,7 +485,7 @@ def _replay(args) -> int:
 
 def _replay_uncapped(args, snapshot, where) -> int:
     """No limit given: what the run needs, replayed without a cap, and the smallest cap it fits."""
-    from gpumem import replay
+    from gpumem.trace import replay
 
     result = replay.replay(snapshot, None, **where)
     found = replay.min_limit(snapshot, precision=args.precision, **where) if result.fits else None
@@ -552,9 +554,9 @@ def _print_replay(path: str, r) -> None:
 
 
 def _segments_text(kind: str) -> str:
-    from gpumem.replay import PAGE_SIZE
+    from gpumem.trace.replay import PAGE_SIZE
 
-    if kind == _segments.GROWABLE:
+    if kind == segments.GROWABLE:
         return f"growable ({_sizes.format_bytes(PAGE_SIZE)} pages mapped into reserved address ranges)"
     return "plain (one cudaMalloc per segment)"
 

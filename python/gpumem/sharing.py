@@ -29,8 +29,9 @@ import re
 import warnings
 from typing import Mapping, Optional, Sequence
 
-from gpumem import _C, _limits, _sizes
-from gpumem._words import bounded, shown, shown_path
+from gpumem import _C
+from gpumem.settings import limits as _limits, sizes
+from gpumem.settings.echo import bounded, shown, shown_path
 
 SHARE_VARIABLE = "GPUMEM_SHARE"
 FLOOR_VARIABLE = "GPUMEM_FLOOR"
@@ -95,8 +96,8 @@ def floor_bytes(spec: str, total: int, limit: int) -> int:
     except _C.LimitSpecError as error:
         raise FloorError(spec, error.reason) from None
     if nbytes > limit:
-        raise FloorError(spec, f"it comes to {_sizes.format_bytes(nbytes)}, above the hard cap of "
-                               f"{_sizes.format_bytes(limit)}: a floor is at most the limit")
+        raise FloorError(spec, f"it comes to {sizes.format_bytes(nbytes)}, above the hard cap of "
+                               f"{sizes.format_bytes(limit)}: a floor is at most the limit")
     return nbytes
 
 
@@ -139,8 +140,9 @@ def gpu_uuid(index: int) -> str:
 def join(index: int, run_dir=None) -> None:
     """Joins the table of device `index`'s GPU (once); RuntimeError saying why it cannot, the run
     directory's trust checked here (published.run_dir_problem), not by the compiled layer."""
-    from gpumem import _env, publish, published
-    where = _env.run_dir() if run_dir is None else run_dir
+    from gpumem.monitoring import publish, published
+    from gpumem.settings import environment
+    where = environment.run_dir() if run_dir is None else run_dir
     try:
         publish.prepare(where, published.SHARE)
     except OSError as error:  # made by prepare: the path and the reason; else the system's
@@ -160,13 +162,13 @@ def set_floor(index: int, nbytes: int) -> int:
     if granted < nbytes:
         holders = ", ".join(_holder(h) for h in grant["floor_holders"]) or "none now"
         warnings.warn(
-            f"gpumem: the floor of {_sizes.format_bytes(nbytes)} on cuda:{index} was granted only "
-            f"{_sizes.format_bytes(granted)}: the other processes' floors claim the rest of the device "
-            f"({holders}). Lower one of theirs, or ask for at most {_sizes.format_bytes(granted)}.",
+            f"gpumem: the floor of {sizes.format_bytes(nbytes)} on cuda:{index} was granted only "
+            f"{sizes.format_bytes(granted)}: the other processes' floors claim the rest of the device "
+            f"({holders}). Lower one of theirs, or ask for at most {sizes.format_bytes(granted)}.",
             RuntimeWarning, stacklevel=3)
     if short:
         warnings.warn(
-            f"gpumem: the floor of {_sizes.format_bytes(granted)} on cuda:{index} is short by {_sizes.format_bytes(short)} for now: "
+            f"gpumem: the floor of {sizes.format_bytes(granted)} on cuda:{index} is short by {sizes.format_bytes(short)} for now: "
             "other processes' live tensors hold that memory. Their caches were asked for; the rest is honoured as "
             "they free memory (the others cannot grow into it).", RuntimeWarning, stacklevel=3)
     return (nbytes - granted) + short
@@ -174,7 +176,7 @@ def set_floor(index: int, nbytes: int) -> int:
 
 def _holder(member: dict) -> str:
     where = "" if member.get("same_pid_namespace", True) else " of another pid namespace"
-    return f"pid {member['pid']}{where}: {_sizes.format_bytes(member['floor'])}"
+    return f"pid {member['pid']}{where}: {sizes.format_bytes(member['floor'])}"
 
 
 def status(index: int) -> Optional[dict]:
@@ -187,7 +189,7 @@ def status(index: int) -> Optional[dict]:
 
 def start_at_cuda_init() -> None:
     """Queues start_for_environment for torch's CUDA init. Unlike the monitoring's calls
-    (gpumem._monitoring.when_cuda_starts) it may raise: torch.cuda._lazy_init then raises
+    (gpumem.monitoring.startup.when_cuda_starts) it may raise: torch.cuda._lazy_init then raises
     (DeferredCudaCallError, with this error's message), leaves CUDA uninitialized and its queued
     calls queued, and runs them all again at the next CUDA call: every one raises until the
     setting is fixed, as for a GPUMEM_LIMIT that does not fit the devices."""
@@ -201,8 +203,8 @@ def start_for_environment(environ: Mapping[str, str] = os.environ) -> None:
     applied raises FloorSettingError (a ValueError), a table that cannot be joined RuntimeError,
     each naming the setting and why, before anything is joined or having left what was (the
     program asked to share: it must not run alone)."""
-    from gpumem import _env
-    if not _env.sharing_asked(environ):
+    from gpumem.settings import environment
+    if not environment.sharing_asked(environ):
         return
     floors_text = environ.get(FLOOR_VARIABLE)
     count = _C.device_count()

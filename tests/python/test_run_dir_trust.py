@@ -1,4 +1,4 @@
-"""The run directory: one rule decides whether it is trusted (gpumem.published.run_dir_problem), for
+"""The run directory: one rule decides whether it is trusted (gpumem.monitoring.published.run_dir_problem), for
 `gpumem top` reading it, a process publishing its figures in it and a GPU's sharing table in it;
 and the names a publisher writes there, which nobody can take first in a directory shared with
 other users."""
@@ -11,7 +11,8 @@ import time
 import pytest
 
 from fake_c import GiB, FakeC, use_fake_c
-from gpumem import _C, publish, published, sharing, top
+from gpumem import _C, sharing
+from gpumem.monitoring import publish, published, top
 
 from test_top import FakeNvml, gpu, identity
 

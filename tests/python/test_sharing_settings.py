@@ -14,7 +14,8 @@ import pytest
 
 from conftest import environment_without_gpumem_settings
 from fake_c import GiB, FakeC, use_fake_c
-from gpumem import _autoload, _monitoring, sharing
+from gpumem import _autoload, sharing
+from gpumem.monitoring import startup
 
 # What a program reports once it has run: is gpumem loaded, what did the hook do, is it the allocator.
 REPORT = ("import json, sys; autoload = sys.modules.get('gpumem._autoload'); gpumem = sys.modules.get('gpumem'); "
@@ -105,7 +106,7 @@ def hook(monkeypatch):
     monkeypatch.setattr(_autoload, "state", "not run")
     monkeypatch.setattr(sys, "argv", ["train.py"])
     fake.queued = []
-    monkeypatch.setattr(_monitoring.torch.cuda, "_lazy_call", fake.queued.append)
+    monkeypatch.setattr(startup.torch.cuda, "_lazy_call", fake.queued.append)
     return fake
 
 

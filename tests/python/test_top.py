@@ -1,4 +1,4 @@
-"""`gpumem top` (gpumem.top) over a fake NVML and real files that gpumem.publish writes in tmp_path,
+"""`gpumem top` (gpumem.monitoring.top) over a fake NVML and real files that gpumem.monitoring.publish writes in tmp_path,
 and the publisher itself over a simulated device. No GPU, no driver: NVML is the seam top.open_nvml,
 /proc is the real one or a tree a test builds."""
 from __future__ import annotations
@@ -13,8 +13,10 @@ import types
 
 import pytest
 
-from gpumem import _C, _env, _monitoring, _nvml, _proc, cli, publish, top
-from gpumem import published as reading  # the name `published` is this file's helper
+from gpumem import _C, cli
+from gpumem.monitoring import nvml as _nvml, proc as _proc, publish, startup, top
+from gpumem.settings import environment
+from gpumem.monitoring import published as reading  # the name `published` is this file's helper
 
 MiB, GiB = 1 << 20, 1 << 30
 UUID = "5e4f0c7a-1111-2222-3333-444455556666"
@@ -343,7 +345,7 @@ def test_the_default_run_dirs_are_each_users_own(tmp_path):
 
 
 def test_gpumem_run_dir_is_the_only_dir_read_when_set(tmp_path):
-    chosen = _env.run_dir({"GPUMEM_RUN_DIR": str(tmp_path / "shared")})
+    chosen = environment.run_dir({"GPUMEM_RUN_DIR": str(tmp_path / "shared")})
     assert reading.run_dirs(chosen, base=str(tmp_path)) == [str(tmp_path / "shared")]
 
 
@@ -712,15 +714,15 @@ def test_a_run_dir_that_cannot_be_used_is_one_line_and_the_program_goes_on(tmp_p
 
 
 def test_publishing_is_on_by_default_in_the_default_run_dir():
-    assert _env.publish_dir({}) == publish.RunDir(f"/tmp/gpumem-{os.geteuid()}")
+    assert environment.publish_dir({}) == publish.RunDir(f"/tmp/gpumem-{os.geteuid()}")
 
 
 def test_gpumem_publish_0_turns_publishing_off():
-    assert _env.publish_dir({"GPUMEM_PUBLISH": "0"}) is None
+    assert environment.publish_dir({"GPUMEM_PUBLISH": "0"}) is None
 
 
 def test_gpumem_run_dir_chooses_the_directory():
-    assert _env.publish_dir({"GPUMEM_RUN_DIR": "/srv/gpumem/"}) == publish.RunDir("/srv/gpumem", chosen=True)
+    assert environment.publish_dir({"GPUMEM_RUN_DIR": "/srv/gpumem/"}) == publish.RunDir("/srv/gpumem", chosen=True)
 
 
 @pytest.mark.parametrize("variable, text, forms", [
@@ -730,7 +732,7 @@ def test_gpumem_run_dir_chooses_the_directory():
 ])
 def test_a_bad_publishing_setting_names_the_variable_and_the_accepted_forms(variable, text, forms):
     with pytest.raises(ValueError, match=rf"{variable}=.* cannot be applied: {re.escape(forms)}"):
-        _env.publish_dir({variable: text})
+        environment.publish_dir({variable: text})
 
 
 def test_a_bad_gpumem_publish_at_autoload_stops_the_program(hook_devices, stopped, monkeypatch):
@@ -743,7 +745,7 @@ def test_publishing_starts_when_cuda_starts_in_the_run_dir(hook_devices, monkeyp
     from gpumem import _autoload
 
     queued, started = [], []
-    monkeypatch.setattr(_monitoring.torch.cuda, "_lazy_call", queued.append)
+    monkeypatch.setattr(startup.torch.cuda, "_lazy_call", queued.append)
     monkeypatch.setattr(publish, "start_for_environment", started.append)
     hook_devices("4GB")
     monkeypatch.setenv("GPUMEM_RUN_DIR", str(tmp_path))
@@ -759,7 +761,7 @@ def test_with_gpumem_publish_0_nothing_is_queued_for_cuda_start(hook_devices, mo
     from gpumem import _autoload
 
     queued = []
-    monkeypatch.setattr(_monitoring.torch.cuda, "_lazy_call", queued.append)
+    monkeypatch.setattr(startup.torch.cuda, "_lazy_call", queued.append)
     hook_devices("4GB")
     monkeypatch.setenv("GPUMEM_PUBLISH", "0")
     monkeypatch.delenv("GPUMEM_METRICS_PORT", raising=False)
@@ -767,7 +769,7 @@ def test_with_gpumem_publish_0_nothing_is_queued_for_cuda_start(hook_devices, mo
     assert queued == []
 
 
-# ---- whose figures: Note [whose figures] in gpumem.top --------------------------------------------
+# ---- whose figures: Note [whose figures] in gpumem.monitoring.top --------------------------------------------
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making a file another user owns needs root")
 OTHER_UID = 54321  # a user with no name on the machine: shown by its uid

@@ -24,7 +24,8 @@ import os
 import threading
 from typing import Callable, Optional
 
-from gpumem import _C, _sizes
+from gpumem import _C
+from gpumem.settings import sizes
 
 POLL_SECONDS = 0.1
 REARM_GAP = _C.PRESSURE_REARM_GAP  # the compiled layer's figure: one source for both
@@ -158,7 +159,7 @@ def warn_at(share: float) -> None:
     def warn(device: int, reserved: int, limit: int) -> None:
         _log.warning("gpumem: device %d has %s reserved, %s of its limit of %s (GPUMEM_WARN_AT=%g); the next "
                      "warning comes after reserved has fallen to %.0f%% of the limit or below",
-                     device, _sizes.format_bytes(reserved), _percent(reserved, limit), _sizes.format_bytes(limit),
+                     device, sizes.format_bytes(reserved), _percent(reserved, limit), sizes.format_bytes(limit),
                      share, 100 * low)
 
     on_pressure(share, warn)

@@ -1,12 +1,12 @@
 """GPUMEM_WARN_AT, GPUMEM_METRICS_PORT and the figures for `gpumem top` (GPUMEM_PUBLISH), started
-when gpumem is installed (gpumem._api).
+when gpumem is installed (gpumem.api).
 
 GPUMEM_WARN_AT's watch is set at once (it starts no CUDA). GPUMEM_METRICS_PORT's endpoint opens
 when torch first initializes CUDA (torch.cuda._lazy_call; at once if it already has): a process that
 never uses CUDA has nothing to report and holds no port, so a launcher such as torchrun does not
 take the port its rank 0 needs, nor do DataLoader workers that of their parent. LOCAL_RANK is read
 then, so a worker started by torch.multiprocessing may still set it first. Publishing starts then
-too (gpumem.publish), for the same reasons.
+too (gpumem.monitoring.publish), for the same reasons.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import torch
 
-from gpumem import metrics, pressure, publish, published
+from gpumem.monitoring import metrics, pressure, publish, published
 
 
 def start(warn_at: Optional[float], metrics_port: Optional[int], publish_dir: Optional[published.RunDir] = None,

@@ -7,7 +7,7 @@
     GPUMEM_WARN_AT   a warning each time reserved passes this share of the limit (gpumem.pressure)
     GPUMEM_METRICS_PORT  Prometheus metrics on this port plus LOCAL_RANK (gpumem.metrics)
     GPUMEM_METRICS_ADDR  ... at this address (default 127.0.0.1: this machine only)
-    GPUMEM_PUBLISH   "0": no figures published for `gpumem top` (default "1"; gpumem.publish)
+    GPUMEM_PUBLISH   "0": no figures published for `gpumem top` (default "1"; gpumem.monitoring.publish)
     GPUMEM_RUN_DIR   where they are published, and read (default /tmp/gpumem-<uid>)
     GPUMEM_SHARE     "on": share the GPU with other gpumem processes (gpumem.sharing)
     GPUMEM_FLOOR     a floor that they leave this process: "20GB", or per device "0:20GB,1:8GB"
@@ -21,8 +21,11 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional, Sequence
 
-from gpumem import _C, _limits, _scope, _segments, _torch_hooks, metrics, pressure, published, sharing
-from gpumem._words import bounded, not_utf8, shown
+from gpumem import _C, _torch_hooks, sharing
+from gpumem.monitoring import metrics, pressure, published
+from gpumem.settings import limits, scope as _scope, segments as _segments
+from gpumem.settings.echo import bounded, shown
+from gpumem.settings.words import not_utf8
 
 VARIABLE = "GPUMEM_LIMIT"
 SEGMENTS_VARIABLE = "GPUMEM_SEGMENTS"
@@ -67,9 +70,9 @@ def resolve_limit(text: str, totals: Optional[Sequence[int]] = None) -> Optional
         if totals is not None:
             return _C.resolve_limit_text(text, list(totals))
         for _, spec in _C.parse_limit_assignments(text):
-            _limits.check_syntax(spec)
+            limits.check_syntax(spec)
     except _C.LimitSpecError as error:
-        raise SettingError(VARIABLE, text, _limits.reason(error)) from None
+        raise SettingError(VARIABLE, text, limits.reason(error)) from None
     return None
 
 

@@ -8,13 +8,13 @@ it serve_metrics and Collector raise MetricsUnavailable, an ImportError that say
 are read at each scrape, per device in use: reserved and the limit without the allocator's lock,
 the rest from one copy of the statistics; every sample carries the labels device, pid and job
 (GPUMEM_JOB, else the program's name; any text, escaped by label_value). A device nobody has used yet is not reported: asking it
-would start CUDA. The metrics are the figures of gpumem._figures, which `gpumem top` shows too; their
+would start CUDA. The metrics are the figures of gpumem.monitoring.figures, which `gpumem top` shows too; their
 meanings are listed in docs/monitoring.md.
 
 GPUMEM_METRICS_PORT (see serve_for_environment) is a base port: each process serves on
 (base + LOCAL_RANK), LOCAL_RANK 0 when unset, so the ranks of a torchrun job on one node take
 consecutive ports, at GPUMEM_METRICS_ADDR (default 127.0.0.1: this machine only; 0.0.0.0 for a
-container whose port is published, which opens the figures to whoever reaches it). gpumem._monitoring opens it when the process first initializes CUDA, so a
+container whose port is published, which opens the figures to whoever reaches it). gpumem.monitoring.startup opens it when the process first initializes CUDA, so a
 launcher (torchrun itself) and DataLoader workers, which never do, hold no port. What stops it (the port in use,
 prometheus_client missing) is one line on stderr, and the program goes on: the cap matters more
 than the metrics.
@@ -29,8 +29,9 @@ import socket
 import sys
 from typing import Mapping, Optional, Sequence
 
-from gpumem import _C, _figures, _http
-from gpumem._words import shown
+from gpumem import _C
+from gpumem.monitoring import figures as _figures, http_server
+from gpumem.settings.echo import shown
 
 JOB_VARIABLE = "GPUMEM_JOB"
 RANK_VARIABLE = "LOCAL_RANK"
@@ -45,7 +46,7 @@ _MAX_LABEL = 128
 _TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 _INSTALL = "pip install prometheus_client (or pip install 'gpumem[metrics]')"
 
-# Every metric but the pressure crossings is a figure of gpumem._figures, read from one device's
+# Every metric but the pressure crossings is a figure of gpumem.monitoring.figures, read from one device's
 # figures; the crossings are counted per watched share.
 METRICS = (*_figures.FIGURES, _figures.PRESSURE_CROSSINGS)
 OOM_CASES = _figures.OOM_CASES
@@ -121,7 +122,7 @@ def _device_samples(figures: dict):
 class MetricsServer:
     """An endpoint serve_metrics opened: `addr`, `port` (the one bound, for a port of 0), `close()`."""
 
-    def __init__(self, server: _http.Server, addr: str):
+    def __init__(self, server: http_server.Server, addr: str):
         self._server = server
         self.addr, self.port = addr, server.port
 
@@ -143,7 +144,7 @@ def serve_metrics(port: int, addr: str = DEFAULT_ADDR) -> MetricsServer:
 
     `port` is in 0..65535 (0: any free port; read the returned server's .port). `addr` 127.0.0.1 keeps
     the endpoint on the machine; "0.0.0.0" opens it to the network. One thread serves every client,
-    each with 10 seconds in all (gpumem._http, Note [stalled clients]). Starts no CUDA. Raises
+    each with 10 seconds in all (gpumem.monitoring.http_server, Note [stalled clients]). Starts no CUDA. Raises
     MetricsUnavailable (an ImportError) without prometheus_client, TypeError or ValueError for a bad
     port or address, and OSError naming the address when it cannot be bound (a port in use).
     """
@@ -158,7 +159,7 @@ def serve_metrics(port: int, addr: str = DEFAULT_ADDR) -> MetricsServer:
         return 200, _TEXT_FORMAT, client.generate_latest(registry)
 
     try:
-        server = _http.Server(addr, port, answer, name="gpumem-metrics")
+        server = http_server.Server(addr, port, answer, name="gpumem-metrics")
     except OSError as error:
         advice = ("; another process (another rank?) may hold the port: pick another"
                   if error.errno == errno.EADDRINUSE else "")

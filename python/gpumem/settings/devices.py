@@ -12,7 +12,7 @@ from typing import Union
 import torch
 
 from gpumem import _C
-from gpumem._words import shown
+from gpumem.settings.echo import shown
 
 Device = Union[int, str, torch.device, None]
 

@@ -58,7 +58,8 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional, Union
 
-from gpumem._plain_data import BadPickle, PlainReader, Refused, TooLarge, describe
+from gpumem.settings.files import read_at_most
+from gpumem.trace.plain_data import BadPickle, PlainReader, Refused, TooLarge, describe
 
 ACTIONS = frozenset(
     {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
@@ -183,7 +184,6 @@ def from_dict(data: Any, source: str = "<snapshot>") -> Snapshot:
 # ---- reading the file ---------------------------------------------------------------------------
 
 _HEADER = 2  # PROTO and its version, which every pickle of protocol 2 to 5 starts with
-_CHUNK = 1 << 24
 _NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                 (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 _RAISE_CAP = "a larger one is max_size of gpumem.snapshot_file.load, --max-size of gpumem replay"
@@ -218,18 +218,6 @@ def _regular_size(fd: int, name: str) -> int:
     if not stat.S_ISREG(info.st_mode):
         raise SnapshotError(f"{name}: is not a regular file, so not a snapshot file")
     return info.st_size
-
-
-def read_at_most(fd: int, count: int) -> bytes:
-    """Up to `count` bytes from `fd`, fewer at its end, in chunks: a bound on what one read can cost."""
-    chunks = []
-    while count > 0:
-        chunk = os.read(fd, min(count, _CHUNK))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        count -= len(chunk)
-    return b"".join(chunks)
 
 
 def _check_header(header: bytes, name: str) -> None:
