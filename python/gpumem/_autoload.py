@@ -47,13 +47,13 @@ from __future__ import annotations
 import os
 import sys
 
-from gpumem import _invocation, api, sharing
-from gpumem.settings import environment
+from gpumem import _invocation, api
+from gpumem.settings import environment, floors
 from gpumem.settings.echo import bounded, shown
 
 EXIT_BAD_LIMIT = 2
 # The variables that install gpumem; gpumem-autoload.pth arms the hook on the same three.
-ARMING = (environment.VARIABLE, sharing.SHARE_VARIABLE, sharing.FLOOR_VARIABLE)
+ARMING = (environment.VARIABLE, floors.SHARE_VARIABLE, floors.FLOOR_VARIABLE)
 
 state = "not run"
 
@@ -98,8 +98,8 @@ def _stop_for(error: environment.SettingError) -> None:
           f"{instead}: fix {error.variable} or unset it.")
 
 
-_INSTEAD = {environment.VARIABLE: "run without the cap", sharing.SHARE_VARIABLE: "guess whether to share the GPU",
-            sharing.FLOOR_VARIABLE: "run without the floor it asked for"}
+_INSTEAD = {environment.VARIABLE: "run without the cap", floors.SHARE_VARIABLE: "guess whether to share the GPU",
+            floors.FLOOR_VARIABLE: "run without the floor it asked for"}
 
 
 def _stop(line: str) -> None:

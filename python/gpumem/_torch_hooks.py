@@ -19,27 +19,19 @@ from typing import Callable, Optional
 import torch
 
 from gpumem import _C
-from gpumem.settings import words
-
-CAPPED, DEVICE = "capped", "device"
-VIEW_FORMS = words.forms((CAPPED, DEVICE))
+from gpumem.settings import mem_info
 
 _original_mem_get_info: Optional[Callable] = None
 _original_set_settings: Optional[Callable] = None
-_view = CAPPED
+_view = mem_info.CAPPED
 # Which of torch's settings gpumem's own settings have fixed (GPUMEM_SEGMENTS, set_segments,
 # set_release_threshold): torch's settings changed later leave those alone.
 fixed = {"segments": False, "release_threshold": False}
 
 
-def view_of(text: object) -> str:
-    """CAPPED or DEVICE for a view's name (any case, blanks around); raises naming the value."""
-    return words.one_of(text, (CAPPED, DEVICE), "mem_get_info view")
-
-
 def set_view(view: str) -> None:
     global _view
-    _view = view_of(view)
+    _view = mem_info.view(view)
 
 
 def install() -> None:
@@ -63,7 +55,7 @@ def device_mem_info(device=None) -> tuple[int, int]:
 
 def _mem_get_info(device=None) -> tuple[int, int]:
     free, total = _original_mem_get_info(device)  # torch's checks, its lazy init, its device numbering
-    if _view != CAPPED or not _C.is_installed():
+    if _view != mem_info.CAPPED or not _C.is_installed():
         return free, total
     if device is None:
         device = torch.cuda.current_device()

@@ -18,10 +18,10 @@ import torch
 
 from gpumem import _C, _torch_hooks, sharing
 from gpumem.monitoring import startup
-from gpumem.settings import devices as _devices, environment, limits as _limits, scope as _scope, segments
+from gpumem.settings import devices as _devices, environment, floors, limits as _limits, scope as _scope, segments
 from gpumem.settings.devices import Device
-from gpumem.settings.limits import Limit
 from gpumem.settings.echo import shown
+from gpumem.settings.limits import Limit
 
 # Installing and applying GPUMEM_LIMIT and GPUMEM_SEGMENTS happen once; a set_limit or set_segments
 # racing with it must come after.
@@ -57,7 +57,7 @@ def set_limit(limit: Limit, device: Device = None, scope: Optional[str] = None, 
     spec = _limits.spec_of(limit)
     _limits.check_syntax(spec)
     floor_spec = None if floor is None else _limits.spec_of(floor)
-    if floor_spec is not None and floor_spec.strip().lower() not in sharing.NO_FLOOR:
+    if floor_spec is not None and floor_spec.strip().lower() not in floors.NO_FLOOR:
         _limits.check_syntax(floor_spec)
     scope = None if scope is None else _scope.scope(scope)
     with _lock:
@@ -69,7 +69,7 @@ def set_limit(limit: Limit, device: Device = None, scope: Optional[str] = None, 
             for index in limits:
                 _C.set_scope(index, scope)
     if floor_spec is not None:
-        floors = {index: sharing.floor_bytes(floor_spec, _devices.total(index), _C.get_limit(index)) for index in limits}
+        floors = {index: floors.floor_bytes(floor_spec, _devices.total(index), _C.get_limit(index)) for index in limits}
         for index, nbytes in floors.items():
             sharing.join(index)
             sharing.set_floor(index, nbytes)

@@ -37,9 +37,8 @@ import signal
 import sys
 from typing import Callable, Iterator, Optional, Sequence
 
-from gpumem import _C, sharing
-from gpumem.monitoring import pressure
-from gpumem.settings import environment as _env, limits as _limits, scope, segments, sizes as _sizes
+from gpumem import _C
+from gpumem.settings import environment as _env, floors, limits as _limits, pressure_share, scope, segments, sizes as _sizes
 from gpumem.settings.echo import bounded, shown, shown_path
 
 EXIT_DOES_NOT_FIT = 1
@@ -49,7 +48,7 @@ EXIT_NOT_FOUND = 127
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # as a program that SIGPIPE ends
 _FORMS = _C.limit_forms.replace("%", "%%")  # argparse %-formats help texts
-_FLOOR_FORMS = sharing.floor_forms().replace("%", "%%")
+_FLOOR_FORMS = floors.floor_forms().replace("%", "%%")
 # The signals Python ignores at start-up, and an exec'd program would inherit ignored.
 _IGNORED_BY_PYTHON = [getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)]
 _SHELL = "/bin/sh"
@@ -234,7 +233,7 @@ def _assignments_spec(text: str) -> str:
 
 def _floor_spec(text: str) -> str:
     try:
-        _env.floor({sharing.FLOOR_VARIABLE: text})  # the check the program's GPUMEM_FLOOR gets
+        _env.floor({floors.FLOOR_VARIABLE: text})  # the check the program's GPUMEM_FLOOR gets
     except _env.SettingError as error:
         value = shown(text, quote='"')  # as the limit grammar quotes a limit
         raise ValueError(f"bad floor {value}: {error.reason}") from None
@@ -266,9 +265,9 @@ def _seconds(text: str) -> float:
 
 def _share(text: str) -> float:
     try:
-        return pressure.share_of_text(text)
+        return pressure_share.share_of_text(text)
     except ValueError:
-        raise ValueError(f"{shown(text)} is not {pressure.SHARE_FORMS}") from None
+        raise ValueError(f"{shown(text)} is not {pressure_share.SHARE_FORMS}") from None
 
 
 def _device(text: str) -> int:
@@ -294,7 +293,7 @@ def _info(args) -> int:
         under = f"; {_env.VARIABLE} sets {limits[d]}" if limits and d in limits else ""
         print(f"device {d}: {_device_name(d)}, {_sizes.format_bytes(total)} total, {_sizes.format_bytes(free)} free{under}")
         if floors and floors[d] is not None:
-            print(f"  floor: {_sizes.format_bytes(floors[d])} ({sharing.FLOOR_VARIABLE}), left by the other gpumem "
+            print(f"  floor: {_sizes.format_bytes(floors[d])} ({floors.FLOOR_VARIABLE}), left by the other gpumem "
                   "processes on this GPU")
     if count:
         print(report.collect())
@@ -324,7 +323,7 @@ def _env_floors(count: int) -> Optional[list[Optional[int]]]:
     floor in bytes (None: none), [] where it is unset or there is no device; None if a program
     under it would be stopped, said in one line. A bad syntax, or a bad GPUMEM_LIMIT, is reported
     with the settings, and gives []."""
-    text = os.environ.get(sharing.FLOOR_VARIABLE)
+    text = os.environ.get(floors.FLOOR_VARIABLE)
     if text is None or count == 0:
         return []
     totals = [_C.device_total(d) for d in range(count)]
@@ -335,9 +334,9 @@ def _env_floors(count: int) -> Optional[list[Optional[int]]]:
         return []
     limits = [total if cap is None else cap for total, cap in zip(totals, caps or [None] * count)]
     try:
-        return sharing.resolve_floors(text, totals, limits)
-    except sharing.FloorSettingError as error:
-        print(f"{sharing.FLOOR_VARIABLE} is invalid on device {error.device}: {error.reason}")
+        return floors.resolve_floors(text, totals, limits)
+    except floors.FloorSettingError as error:
+        print(f"{floors.FLOOR_VARIABLE} is invalid on device {error.device}: {error.reason}")
         return None
 
 
@@ -373,8 +372,8 @@ def _run(args) -> int:
                           "or gpumem run --share -- python train.py")
     if not command:
         raise _UsageError("run needs a program: gpumem run --limit 4GB -- python train.py")
-    given = {_env.VARIABLE: args.limit, _env.SCOPE_VARIABLE: args.scope, sharing.FLOOR_VARIABLE: args.floor,
-             sharing.SHARE_VARIABLE: "on" if args.share else None}
+    given = {_env.VARIABLE: args.limit, _env.SCOPE_VARIABLE: args.scope, floors.FLOOR_VARIABLE: args.floor,
+             floors.SHARE_VARIABLE: "on" if args.share else None}
     environment = {**os.environ, **{variable: value for variable, value in given.items() if value is not None}}
     sys.stdout.flush()
     sys.stderr.flush()

@@ -9,8 +9,7 @@ import pytest
 
 import gpumem
 from conftest import environment_without_gpumem_settings
-from gpumem.monitoring import metrics
-from gpumem.settings import environment
+from gpumem.settings import environment, metrics_endpoint
 
 
 def gpumem_command(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -28,7 +27,7 @@ def test_an_address_in_another_spelling_is_refused_naming_the_value_and_the_form
         environment.metrics_addr({"GPUMEM_METRICS_ADDR": text})
     message = str(raised.value)
     assert message.startswith(f"gpumem: GPUMEM_METRICS_ADDR={text!r} cannot be applied: give ")
-    assert metrics.ADDR_FORMS in message
+    assert metrics_endpoint.ADDR_FORMS in message
 
 
 @pytest.mark.parametrize("text, bound", [("127.0.0.1", "127.0.0.1"), ("0.0.0.0", "0.0.0.0"), (" 10.1.2.3 ", "10.1.2.3"),

@@ -15,8 +15,9 @@ import pytest
 
 from gpumem import _C, cli
 from gpumem.monitoring import nvml as _nvml, proc as _proc, publish, startup, top
-from gpumem.settings import environment
 from gpumem.monitoring import published as reading  # the name `published` is this file's helper
+from gpumem.settings import environment
+from gpumem.settings.run_dir import RunDir, default_run_dir
 
 MiB, GiB = 1 << 20, 1 << 30
 UUID = "5e4f0c7a-1111-2222-3333-444455556666"
@@ -46,8 +47,8 @@ def gpu(index: int = 0, uuid: str = UUID, processes: dict | None = None) -> _nvm
 
 
 @pytest.fixture
-def run_dir(tmp_path) -> publish.RunDir:
-    where = publish.RunDir(str(tmp_path / "run"), chosen=True)
+def run_dir(tmp_path) -> RunDir:
+    where = RunDir(str(tmp_path / "run"), chosen=True)
     publish.prepare(where)
     return where
 
@@ -341,7 +342,7 @@ def test_the_default_run_dirs_are_each_users_own(tmp_path):
     (tmp_path / f"gpumem-{uid + 1}").mkdir()  # owned by this user, named for another: a plant
     (tmp_path / f"gpumem-{uid + 2}").symlink_to(tmp_path / f"gpumem-{uid}")
     (tmp_path / "other").mkdir()
-    assert reading.run_dirs(reading.default_run_dir(), base=str(tmp_path)) == [str(tmp_path / f"gpumem-{uid}")]
+    assert reading.run_dirs(default_run_dir(), base=str(tmp_path)) == [str(tmp_path / f"gpumem-{uid}")]
 
 
 def test_gpumem_run_dir_is_the_only_dir_read_when_set(tmp_path):
@@ -686,25 +687,25 @@ def test_a_default_run_dir_another_user_could_enter_is_refused(tmp_path):
     path.mkdir(mode=0o755)
     path.chmod(0o755)
     with pytest.raises(PermissionError, match="is not a private directory of this user .* set GPUMEM_RUN_DIR"):
-        publish.prepare(publish.RunDir(str(path)))
+        publish.prepare(RunDir(str(path)))
 
 
 def test_a_default_run_dir_that_is_a_link_is_refused(tmp_path):
     (tmp_path / "elsewhere").mkdir(mode=0o700)
     (tmp_path / "gpumem-x").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(PermissionError, match="is not a private directory of this user"):
-        publish.prepare(publish.RunDir(str(tmp_path / "gpumem-x")))
+        publish.prepare(RunDir(str(tmp_path / "gpumem-x")))
 
 
 def test_a_missing_run_dir_is_made_private(tmp_path):
-    publish.prepare(publish.RunDir(str(tmp_path / "gpumem-x")))
+    publish.prepare(RunDir(str(tmp_path / "gpumem-x")))
     assert os.stat(tmp_path / "gpumem-x").st_mode & 0o777 == 0o700
 
 
 def test_a_run_dir_that_cannot_be_used_is_one_line_and_the_program_goes_on(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(publish, "_process_publisher", None)
     (tmp_path / "file").write_text("")
-    assert publish.start_for_environment(publish.RunDir(str(tmp_path / "file" / "run"), chosen=True)) is None
+    assert publish.start_for_environment(RunDir(str(tmp_path / "file" / "run"), chosen=True)) is None
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"gpumem: figures for `gpumem top` are not published in '{tmp_path}/file/run' (")
     assert line.endswith("the program goes on (GPUMEM_PUBLISH=0 turns publishing off).")
@@ -714,7 +715,7 @@ def test_a_run_dir_that_cannot_be_used_is_one_line_and_the_program_goes_on(tmp_p
 
 
 def test_publishing_is_on_by_default_in_the_default_run_dir():
-    assert environment.publish_dir({}) == publish.RunDir(f"/tmp/gpumem-{os.geteuid()}")
+    assert environment.publish_dir({}) == RunDir(f"/tmp/gpumem-{os.geteuid()}")
 
 
 def test_gpumem_publish_0_turns_publishing_off():
@@ -722,7 +723,7 @@ def test_gpumem_publish_0_turns_publishing_off():
 
 
 def test_gpumem_run_dir_chooses_the_directory():
-    assert environment.publish_dir({"GPUMEM_RUN_DIR": "/srv/gpumem/"}) == publish.RunDir("/srv/gpumem", chosen=True)
+    assert environment.publish_dir({"GPUMEM_RUN_DIR": "/srv/gpumem/"}) == RunDir("/srv/gpumem", chosen=True)
 
 
 @pytest.mark.parametrize("variable, text, forms", [
@@ -754,7 +755,7 @@ def test_publishing_starts_when_cuda_starts_in_the_run_dir(hook_devices, monkeyp
     assert started == []
     [start] = queued
     start()
-    assert started == [publish.RunDir(str(tmp_path), chosen=True)]
+    assert started == [RunDir(str(tmp_path), chosen=True)]
 
 
 def test_with_gpumem_publish_0_nothing_is_queued_for_cuda_start(hook_devices, monkeypatch):
@@ -780,9 +781,9 @@ def another_users(path) -> None:
 
 
 @pytest.fixture
-def planted_dir(tmp_path) -> publish.RunDir:
+def planted_dir(tmp_path) -> RunDir:
     """Another user's run directory, private to them."""
-    where = publish.RunDir(str(tmp_path / "planted"), chosen=True)
+    where = RunDir(str(tmp_path / "planted"), chosen=True)
     publish.prepare(where)
     return where
 
@@ -859,9 +860,9 @@ def test_a_gpumem_run_dir_others_may_write_to_without_the_sticky_bit_is_refused_
     where.mkdir(mode=0o777)
     os.chmod(where, 0o777)
     with pytest.raises(PermissionError, match="is writable by other users and not sticky"):
-        publish.prepare(publish.RunDir(str(where), chosen=True))
+        publish.prepare(RunDir(str(where), chosen=True))
     os.chmod(where, 0o1777)
-    publish.prepare(publish.RunDir(str(where), chosen=True))
+    publish.prepare(RunDir(str(where), chosen=True))
 
 
 @pytest.mark.parametrize("namespace", ["here", "elsewhere"])

@@ -50,7 +50,8 @@ from gpumem import _C
 from gpumem.monitoring import figures as _figures, metrics, proc, published
 from gpumem.settings.echo import relayed, shown_path
 # What a file holds and where it goes, the reader's to check as much as the writer's, are defined there.
-from gpumem.monitoring.published import FORMAT, NAME_RANDOM_DIGITS, PUBLISH, RunDir, file_name
+from gpumem.monitoring.published import FORMAT, NAME_RANDOM_DIGITS, PUBLISH, file_name
+from gpumem.settings.run_dir import RunDir
 
 PUBLISH_SECONDS = 1.0
 HEARTBEAT_SECONDS = 10.0

@@ -65,10 +65,10 @@ from gpumem.monitoring import figures
 from gpumem.settings import scope as _scope
 from gpumem.settings.echo import relayed, shown_path
 from gpumem.settings.files import read_at_most
+from gpumem.settings.run_dir import RUN_DIR_BASE, RunDir
 
 FORMAT = 1
 STALE_SECONDS = 60.0  # six heartbeats (gpumem.monitoring.publish.HEARTBEAT_SECONDS) missed
-RUN_DIR_BASE = "/tmp"
 MAX_FILE_BYTES = 1 << 16  # a file holds a few hundred bytes per device
 MAX_FILES = 4096  # per run directory, read by `gpumem top`
 MAX_DEVICES = 64
@@ -79,18 +79,6 @@ NAME = re.compile(rf"([0-9]{{1,10}}){_RANDOM_PART}\.json")
 TEMPORARY = re.compile(rf"\.[0-9]{{1,10}}{_RANDOM_PART}\.json\..*\.tmp")  # what publish.write_atomically leaves
 READ, PUBLISH, SHARE = "read", "publish", "share"  # the uses of a run directory (run_dir_problem)
 _DEFAULT_DIR = re.compile(r"gpumem-([0-9]{1,10})")
-
-
-@dataclass(frozen=True)
-class RunDir:
-    """Where the files go: `path`, and whether GPUMEM_RUN_DIR chose it (else it is the default,
-    which must be the user's own)."""
-    path: str
-    chosen: bool = False
-
-
-def default_run_dir() -> RunDir:
-    return RunDir(os.path.join(RUN_DIR_BASE, f"gpumem-{os.geteuid()}"))
 
 
 def file_name(pid: int, random_part: str) -> str:

@@ -14,11 +14,13 @@ from typing import Callable, Optional
 
 import torch
 
-from gpumem.monitoring import metrics, pressure, publish, published
+from gpumem.monitoring import metrics, pressure, publish
+from gpumem.settings import metrics_endpoint
+from gpumem.settings.run_dir import RunDir
 
 
-def start(warn_at: Optional[float], metrics_port: Optional[int], publish_dir: Optional[published.RunDir] = None,
-          metrics_addr: str = metrics.DEFAULT_ADDR) -> None:
+def start(warn_at: Optional[float], metrics_port: Optional[int], publish_dir: Optional[RunDir] = None,
+          metrics_addr: str = metrics_endpoint.DEFAULT_ADDR) -> None:
     """The settings as read (and checked) from the environment; None: not set (for publish_dir:
     GPUMEM_PUBLISH=0)."""
     if warn_at is not None:

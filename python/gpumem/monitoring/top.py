@@ -58,6 +58,7 @@ from typing import Callable, Optional
 from gpumem.monitoring import figures as _figures, nvml as _nvml, proc as _proc, published
 from gpumem.settings import scope, sizes
 from gpumem.settings.echo import shown, shown_path
+from gpumem.settings.run_dir import RunDir
 
 WARN_AT = 0.85
 CLOCK_SLACK_SECONDS = 2.0  # a file written while the view is made is a little ahead of its time
@@ -131,7 +132,7 @@ def _read(run_dirs: list[str], now: float) -> tuple[list, list[str]]:
     for directory in run_dirs:
         try:
             # chosen: a default directory was found by its owner already (published.run_dirs)
-            problem = published.run_dir_problem(published.RunDir(directory, chosen=True), published.READ)
+            problem = published.run_dir_problem(RunDir(directory, chosen=True), published.READ)
             if problem is not None:
                 problems.append(f"{shown_path(directory)} {problem}")
                 continue
