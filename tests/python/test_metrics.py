@@ -258,7 +258,7 @@ def test_a_bad_gpumem_metrics_port_names_the_variable_and_the_accepted_forms(tex
 
 def test_each_process_serves_on_the_base_port_plus_its_local_rank(fake_c):
     port = free_port()
-    server = metrics.serve_for_environment(port - 3, {"LOCAL_RANK": "3"})
+    server = startup.serve_metrics_for_environment(port - 3, {"LOCAL_RANK": "3"})
     try:
         assert server.port == port
         assert "gpumem_reserved_bytes" in scrape(port)
@@ -268,7 +268,7 @@ def test_each_process_serves_on_the_base_port_plus_its_local_rank(fake_c):
 
 def test_without_local_rank_the_base_port_is_served(fake_c):
     port = free_port()
-    server = metrics.serve_for_environment(port, {})
+    server = startup.serve_metrics_for_environment(port, {})
     try:
         assert server.port == port
     finally:
@@ -276,21 +276,21 @@ def test_without_local_rank_the_base_port_is_served(fake_c):
 
 
 def test_a_port_in_use_from_the_environment_is_one_line_on_stderr_and_the_program_goes_on(served, capsys):
-    assert metrics.serve_for_environment(served.port, {}) is None
+    assert startup.serve_metrics_for_environment(served.port, {}) is None
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"gpumem: GPUMEM_METRICS_PORT={served.port}: no metrics are served (cannot serve metrics")
     assert line.endswith("; the program goes on without them.")
 
 
 def test_a_bad_local_rank_is_one_line_on_stderr(fake_c, capsys):
-    assert metrics.serve_for_environment(9400, {"LOCAL_RANK": "first"}) is None
+    assert startup.serve_metrics_for_environment(9400, {"LOCAL_RANK": "first"}) is None
     [line] = capsys.readouterr().err.splitlines()
     assert "LOCAL_RANK='first' is not a number of 0 or more" in line
 
 
 def test_without_prometheus_client_the_environment_gets_one_line_on_stderr(fake_c, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
-    assert metrics.serve_for_environment(free_port(), {}) is None
+    assert startup.serve_metrics_for_environment(free_port(), {}) is None
     [line] = capsys.readouterr().err.splitlines()
     assert "pip install prometheus_client" in line
 
@@ -316,7 +316,7 @@ def test_gpumem_metrics_port_at_autoload_serves_once_cuda_starts(hook_devices, m
     with pytest.raises(OSError):  # nothing listens before CUDA starts
         scrape(port)
     [start] = queued
-    monkeypatch.setattr(metrics, "serve_for_environment", _keeping(metrics.serve_for_environment, servers := []))
+    monkeypatch.setattr(startup, "serve_metrics_for_environment", _keeping(startup.serve_metrics_for_environment, servers := []))
     start()
     try:
         assert scrape(port)["gpumem_limit_bytes"] == []  # no device used yet
@@ -490,7 +490,7 @@ def test_gpumem_metrics_addr_at_autoload_is_where_the_endpoint_listens(hook_devi
     monkeypatch.setenv("GPUMEM_METRICS_ADDR", "127.0.0.2")  # loopback still, but not the default
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     _autoload.install()
-    monkeypatch.setattr(metrics, "serve_for_environment", _keeping(metrics.serve_for_environment, servers := []))
+    monkeypatch.setattr(startup, "serve_metrics_for_environment", _keeping(startup.serve_metrics_for_environment, servers := []))
     [start] = queued
     start()
     try:
@@ -504,7 +504,7 @@ def test_gpumem_metrics_addr_at_autoload_is_where_the_endpoint_listens(hook_devi
 
 
 def test_an_address_this_machine_does_not_have_is_one_line_on_stderr_naming_it(fake_c, capsys):
-    assert metrics.serve_for_environment(free_port(), {}, addr="no-such-host.invalid") is None
+    assert startup.serve_metrics_for_environment(free_port(), {}, addr="no-such-host.invalid") is None
     [line] = capsys.readouterr().err.splitlines()
     assert "cannot serve metrics on no-such-host.invalid:" in line and "pick another" not in line
 

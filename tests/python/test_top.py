@@ -703,9 +703,9 @@ def test_a_missing_run_dir_is_made_private(tmp_path):
 
 
 def test_a_run_dir_that_cannot_be_used_is_one_line_and_the_program_goes_on(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(publish, "_process_publisher", None)
+    monkeypatch.setattr(startup, "_process_publisher", None)
     (tmp_path / "file").write_text("")
-    assert publish.start_for_environment(RunDir(str(tmp_path / "file" / "run"), chosen=True)) is None
+    assert startup.publish_for_environment(RunDir(str(tmp_path / "file" / "run"), chosen=True)) is None
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"gpumem: figures for `gpumem top` are not published in '{tmp_path}/file/run' (")
     assert line.endswith("the program goes on (GPUMEM_PUBLISH=0 turns publishing off).")
@@ -747,7 +747,7 @@ def test_publishing_starts_when_cuda_starts_in_the_run_dir(hook_devices, monkeyp
 
     queued, started = [], []
     monkeypatch.setattr(startup.torch.cuda, "_lazy_call", queued.append)
-    monkeypatch.setattr(publish, "start_for_environment", started.append)
+    monkeypatch.setattr(startup, "publish_for_environment", started.append)
     hook_devices("4GB")
     monkeypatch.setenv("GPUMEM_RUN_DIR", str(tmp_path))
     monkeypatch.delenv("GPUMEM_PUBLISH", raising=False)

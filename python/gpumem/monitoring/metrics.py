@@ -11,7 +11,7 @@ the rest from one copy of the statistics; every sample carries the labels device
 would start CUDA. The metrics are the figures of gpumem.monitoring.figures, which `gpumem top` shows too; their
 meanings are listed in docs/monitoring.md.
 
-GPUMEM_METRICS_PORT (see serve_for_environment) is a base port: each process serves on
+GPUMEM_METRICS_PORT (see startup.serve_metrics_for_environment) is a base port: each process serves on
 (base + LOCAL_RANK), LOCAL_RANK 0 when unset, so the ranks of a torchrun job on one node take
 consecutive ports, at GPUMEM_METRICS_ADDR (default 127.0.0.1: this machine only; 0.0.0.0 for a
 container whose port is published, which opens the figures to whoever reaches it). gpumem.monitoring.startup opens it when the process first initializes CUDA, so a
@@ -29,10 +29,8 @@ from typing import Mapping, Optional, Sequence
 from gpumem import _C
 from gpumem.monitoring import figures as _figures, http_server
 from gpumem.settings import metrics_endpoint as endpoint
-from gpumem.settings.echo import shown
 
 JOB_VARIABLE = "GPUMEM_JOB"
-RANK_VARIABLE = "LOCAL_RANK"
 _LABELS = ("device", "pid", "job")
 _MAX_LABEL = 128
 _TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
@@ -171,28 +169,3 @@ def label_value(text: str) -> str:
     most _MAX_LABEL characters. prometheus_client then escapes backslashes and quotes as the text
     format wants."""
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text[:_MAX_LABEL])[:_MAX_LABEL]
-
-
-def serve_for_environment(base: int, environ: Mapping[str, str] = os.environ,
-                          addr: str = endpoint.DEFAULT_ADDR) -> Optional[MetricsServer]:
-    """GPUMEM_METRICS_PORT's endpoint: addr (GPUMEM_METRICS_ADDR's, else 127.0.0.1), port base +
-    LOCAL_RANK. Never raises: what stops it is one line on stderr, and None."""
-    try:
-        port = base + _local_rank(environ)
-        if port > 65535:
-            raise ValueError(f"port {port} is above 65535")
-        return serve_metrics(port, addr)
-    except Exception as error:  # noqa: BLE001: the metrics must never stop the program
-        reason = str(error).removeprefix("gpumem: ")
-        sys.stderr.write(f"gpumem: GPUMEM_METRICS_PORT={base}: no metrics are served ({reason}); "
-                         "the program goes on without them.\n")
-        return None
-
-
-def _local_rank(environ: Mapping[str, str]) -> int:
-    text = environ.get(RANK_VARIABLE)
-    if text is None:
-        return 0
-    if not (text.strip().isascii() and text.strip().isdigit() and len(text) <= 5):
-        raise ValueError(f"{RANK_VARIABLE}={shown(text)} is not a number of 0 or more")
-    return int(text)

@@ -35,7 +35,6 @@ GPUMEM_PUBLISH=0 turns it off.
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -55,7 +54,7 @@ from gpumem.settings.run_dir import RunDir
 
 PUBLISH_SECONDS = 1.0
 HEARTBEAT_SECONDS = 10.0
-_TURN_OFF = "GPUMEM_PUBLISH=0 turns publishing off"
+TURN_OFF = "GPUMEM_PUBLISH=0 turns publishing off"
 
 
 def prepare(run_dir: RunDir, use: str = PUBLISH) -> None:
@@ -199,7 +198,7 @@ class Publisher:
     def _fail(self, error: Exception) -> None:
         self.stop()
         sys.stderr.write(f"gpumem: figures for `gpumem top` are no longer published ({relayed(error)}); the "
-                         f"program goes on ({_TURN_OFF}).\n")
+                         f"program goes on ({TURN_OFF}).\n")
 
 
 def write_atomically(path: str, payload: dict) -> None:
@@ -224,25 +223,3 @@ def _torch_uuid(device: int) -> Optional[str]:
         return str(torch.cuda.get_device_properties(device).uuid) if torch.cuda.is_initialized() else None
     except Exception:  # noqa: BLE001: the UUID helps `gpumem top` match devices; the pid still matches
         return None
-
-
-_process_publisher: Optional[Publisher] = None
-
-
-def start_for_environment(run_dir: RunDir) -> Optional[Publisher]:
-    """The process's publisher, started (once): gpumem.monitoring.startup calls it at CUDA init. Never
-    raises: what stops it is one line on stderr, and None."""
-    global _process_publisher
-    if _process_publisher is not None and _process_publisher.owner == os.getpid():
-        return _process_publisher
-    try:
-        prepare(run_dir)
-        publisher = Publisher(run_dir)
-        publisher.start()
-    except Exception as error:  # noqa: BLE001: publishing must never stop the program
-        sys.stderr.write(f"gpumem: figures for `gpumem top` are not published in {shown_path(run_dir.path)} "
-                         f"({relayed(error)}); the program goes on ({_TURN_OFF}).\n")
-        return None
-    atexit.register(publisher.stop)
-    _process_publisher = publisher
-    return publisher
