@@ -9,7 +9,7 @@ pytest.importorskip("ipykernel")
 pytest.importorskip("matplotlib")
 
 from gpumem import _C  # noqa: E402
-from gpumem.trace import replay
+from gpumem.trace import replay  # noqa: E402
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 NOTEBOOK = DOCS / "quickstart.ipynb"

@@ -176,7 +176,8 @@ class Report:
 
 def collect(device=None) -> Report:
     """The report of gpumem's allocator in this process: every visible device, or `device`."""
-    from gpumem.monitoring import timeline  # _devices imports torch; the rest of this module need not
+    # devices and timeline import torch; the rest of this module need not
+    from gpumem.monitoring import timeline
     from gpumem.settings import devices as _devices
 
     indices = range(_C.device_count()) if device is None else [_devices.index(device)]

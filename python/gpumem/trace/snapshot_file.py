@@ -22,13 +22,13 @@ in it. What the reader refuses:
   to test, so any text file could pass for one, and they are refused;
 - any pickle opcode but those Python writes for plain data: so no global (a class or function,
   which loading could call), no set, no persistent id. The pickle is read by the small reader
-  in _plain_data, not by pickle.Unpickler, which can be made to allocate gigabytes by a ten-byte file (a
+  in plain_data, not by pickle.Unpickler, which can be made to allocate gigabytes by a ten-byte file (a
   memo index far past the values stored) or to hash for ever (a dict key that is a tuple built
   from shared references). Dict keys must be strings, bytes, floats, None, booleans or integers of
   at most 64 bits; their hashes then cost at most their size, once. The reader reads the file as
   it goes, a MiB at a time, so a file that goes wrong at byte 2 is refused after reading one; and it
   refuses a pickle whose values would take more than 48 bytes of memory per byte of the file
-  (Note [memory] in _plain_data: the pickler's own output takes at most 44), so reading a file of
+  (Note [memory] in plain_data: the pickler's own output takes at most 44), so reading a file of
   the default cap's size takes at most some 12 GiB;
 - a container the reader walks (the trace of a device, an event, the segment list, a segment, a
   block list, a block) that is the same object as one walked already: shared references could
