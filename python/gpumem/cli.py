@@ -38,7 +38,8 @@ import sys
 from typing import Callable, Iterator, Optional, Sequence
 
 from gpumem import _C
-from gpumem.settings import environment as _env, floors, limits as _limits, pressure_share, scope, segments, sizes as _sizes
+from gpumem.settings import (environment as _env, floors, limits as _limits, pressure_share, scope, segments,
+                             sizes as _sizes)
 from gpumem.settings.echo import bounded, shown, shown_path
 
 EXIT_DOES_NOT_FIT = 1

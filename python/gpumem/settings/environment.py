@@ -22,7 +22,8 @@ import os
 from typing import Mapping, Optional, Sequence
 
 from gpumem import _C
-from gpumem.settings import floors, limits, mem_info, metrics_endpoint, pressure_share, scope as _scope, segments as _segments
+from gpumem.settings import (floors, limits, mem_info, metrics_endpoint, pressure_share, scope as _scope,
+                             segments as _segments)
 from gpumem.settings.echo import bounded, shown
 from gpumem.settings.run_dir import RunDir, default_run_dir
 from gpumem.settings.words import not_utf8
