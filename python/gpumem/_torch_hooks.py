@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
-from gpumem import _C
+import gpumem._C as _C
 from gpumem.settings import mem_info
 
 _original_mem_get_info: Optional[Callable] = None

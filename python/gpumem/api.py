@@ -16,7 +16,8 @@ from typing import Optional
 
 import torch
 
-from gpumem import _C, _torch_hooks, sharing
+import gpumem._C as _C
+from gpumem import _torch_hooks, sharing
 from gpumem.monitoring import startup
 from gpumem.settings import devices as _devices, environment, floors, limits as _limits, scope as _scope, segments
 from gpumem.settings.devices import Device

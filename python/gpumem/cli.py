@@ -37,7 +37,7 @@ import signal
 import sys
 from typing import Callable, Iterator, Optional, Sequence
 
-from gpumem import _C
+import gpumem._C as _C
 from gpumem.settings import (environment as _env, floors, limits as _limits, pressure_share, scope, segments,
                              sizes as _sizes)
 from gpumem.settings.echo import bounded, shown, shown_path

@@ -29,7 +29,7 @@ import re
 import warnings
 from typing import Mapping, Optional
 
-from gpumem import _C
+import gpumem._C as _C
 from gpumem.monitoring import publish, published
 from gpumem.settings import environment, sizes
 from gpumem.settings.echo import bounded, shown, shown_path

@@ -26,7 +26,7 @@ import os
 import sys
 from typing import Mapping, Optional, Sequence
 
-from gpumem import _C
+import gpumem._C as _C
 from gpumem.monitoring import figures as _figures, http_server
 from gpumem.settings import metrics_endpoint as endpoint
 

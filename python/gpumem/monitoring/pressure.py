@@ -23,7 +23,7 @@ import os
 import threading
 from typing import Callable, Optional
 
-from gpumem import _C
+import gpumem._C as _C
 from gpumem.settings import sizes
 from gpumem.settings.pressure_share import check_share
 

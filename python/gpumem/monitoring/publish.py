@@ -45,7 +45,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from gpumem import _C
+import gpumem._C as _C
 from gpumem.monitoring import figures as _figures, metrics, proc, published
 from gpumem.settings.echo import relayed, shown_path
 # What a file holds and where it goes, the reader's to check as much as the writer's, are defined there.

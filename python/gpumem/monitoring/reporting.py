@@ -15,7 +15,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
-from gpumem import _C
+import gpumem._C as _C
 from gpumem.settings import scope as _scope, segments as _segments, sizes
 from gpumem.settings.echo import shown
 

@@ -20,7 +20,7 @@ import time
 import warnings
 from typing import Iterable, Optional
 
-from gpumem import _C
+import gpumem._C as _C
 from gpumem.settings import devices as _devices
 from gpumem.settings.echo import bounded, shown
 

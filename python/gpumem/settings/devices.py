@@ -11,7 +11,7 @@ from typing import Union
 
 import torch
 
-from gpumem import _C
+import gpumem._C as _C
 from gpumem.settings.echo import shown
 
 Device = Union[int, str, torch.device, None]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional, Sequence
 
-from gpumem import _C
+import gpumem._C as _C
 from gpumem.settings import (floors, limits, mem_info, metrics_endpoint, pressure_share, scope as _scope,
                              segments as _segments)
 from gpumem.settings.echo import bounded, shown

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from gpumem import _C
+import gpumem._C as _C
 from gpumem.settings import limits as _limits, sizes
 from gpumem.settings.echo import bounded, shown
 

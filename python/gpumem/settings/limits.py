@@ -6,7 +6,7 @@ import math
 import numbers
 from typing import Optional, Union
 
-from gpumem import _C
+import gpumem._C as _C
 from gpumem.settings import devices as _devices
 from gpumem.settings.echo import bounded, shown
 from gpumem.settings.words import not_utf8

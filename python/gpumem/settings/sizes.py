@@ -7,7 +7,7 @@ same form goes on in TiB, worked out here with integers. A count past any meanin
 """
 from __future__ import annotations
 
-from gpumem import _C
+import gpumem._C as _C
 from gpumem.settings.echo import shown
 
 _TIB = 1 << 40

@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from gpumem import _C
+import gpumem._C as _C
 from gpumem.settings import limits, segments as _segments, sizes as _sizes
 from gpumem.settings.echo import shown
 from gpumem.trace.snapshot_file import Segment, Snapshot, Source, load
