@@ -214,13 +214,13 @@ def extension():
 
 if __name__ == "__main__":
     import torch
-    from setuptools import setup
+    from setuptools import find_packages, setup
 
     setup(
         name="gpumem",
         version=f"{VERSION}+{torch_tag(str(torch.__version__), torch.version.cuda)}",
         package_dir={"": "python"},
-        packages=["gpumem"],
+        packages=find_packages("python"),  # gpumem and its subpackages
         py_modules=["_gpumem_autoload", "_gpumem_command"],
         ext_modules=[extension()],
         cmdclass={"build_ext": build_ext_with_record(), "build_py": build_py_with_autoload_pth()},

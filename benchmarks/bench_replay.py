@@ -54,7 +54,7 @@ BASE_ADDRESS = 0x7F00_0000_0000
 
 
 def measure_kind(snapshot, peak: int, kind: str) -> dict:
-    from gpumem import replay
+    from gpumem.trace import replay
 
     found = replay.min_limit(snapshot, precision=MiB, segments=kind)
     free_run = replay.replay(snapshot, "none", segments=kind)
@@ -68,7 +68,7 @@ def measure_kind(snapshot, peak: int, kind: str) -> dict:
 
 
 def measure(snapshot, captured: dict) -> dict:
-    from gpumem import replay
+    from gpumem.trace import replay
 
     start = time.perf_counter()
     peak = replay.peak_allocated_from_trace(snapshot)
@@ -89,7 +89,7 @@ def measure(snapshot, captured: dict) -> dict:
 
 def readable(path: pathlib.Path):
     """The snapshot at `path`, or None (with a log line) when gpumem refuses it."""
-    from gpumem.snapshot_file import SnapshotError, load
+    from gpumem.trace.snapshot_file import SnapshotError, load
 
     try:
         return load(path)
@@ -142,8 +142,8 @@ def churn_events(length: int, live_target: int = 1000, seed: int = 25) -> list[d
 
 
 def scaling_run(shape: str, length: int, directory: pathlib.Path) -> dict:
-    from gpumem import replay
-    from gpumem.snapshot_file import load
+    from gpumem.trace import replay
+    from gpumem.trace.snapshot_file import load
 
     events = ramp_events(length) if shape == "ramp" else churn_events(length)
     path = directory / f"{shape}-{length}.pickle"
@@ -215,7 +215,7 @@ def main() -> None:
         log(f"replay: {path.stem}")
         snapshots[path.stem] = measure(snapshot, captured.get(path.stem, {}))
     print(table(snapshots) + "\n")
-    from gpumem.replay import PAGE_SIZE
+    from gpumem.trace.replay import PAGE_SIZE
 
     write_json(args.out, {"precision": MiB, "page_size": PAGE_SIZE, "snapshots": snapshots})
 

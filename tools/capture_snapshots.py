@@ -147,7 +147,7 @@ def refuse_gpumem() -> None:
 def summary(path: pathlib.Path) -> str:
     """Events and replayed peaks, when gpumem is importable here (it need not be)."""
     try:
-        from gpumem import replay
+        from gpumem.trace import replay
     except ImportError:
         return "gpumem not importable here: no replay check"
     result = replay.replay(str(path), "none")

@@ -14,7 +14,8 @@ import sys
 import torch
 
 import gpumem
-from gpumem import _C, replay
+from gpumem import _C
+from gpumem.trace import replay
 
 LIMIT = "2GB"
 REPLAY_LIMIT = "3GB"

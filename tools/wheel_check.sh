@@ -96,11 +96,12 @@ install_in_fresh_environment() {
 }
 
 [ -n "$wheel" ] || build_wheel
-check "the wheel holds the package, the compiled module, its build record and the autoload hook" 0 \
+check "the wheel holds every module of the package and its subpackages, the compiled module, its build record and the autoload hook" 0 \
   "$PYTHON" -c "
-import sys, zipfile
+import pathlib, sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-wanted = ['gpumem/__init__.py', 'gpumem/_build.py', 'gpumem/cli.py', '_gpumem_autoload.py', 'gpumem-autoload.pth']
+modules = sorted(path.relative_to('python').as_posix() for path in pathlib.Path('python/gpumem').rglob('*.py'))
+wanted = modules + ['gpumem/_build.py', '_gpumem_autoload.py', '_gpumem_command.py', 'gpumem-autoload.pth']
 missing = [n for n in wanted if n not in names] + ([] if any(n.startswith('gpumem/_C.') for n in names) else ['gpumem/_C.*.so'])
 print('missing:', missing) if missing else print(len(names), 'files')
 sys.exit(bool(missing))" "$wheel"

@@ -2,7 +2,20 @@
 
     import gpumem
     gpumem.set_limit("4GB")   # before the first CUDA allocation
+
+The package, each layer importing only those below it (tests/python/test_package_layers.py):
+
+    gpumem.api         the public functions, exported here (set_limit, enable, stats, ...)
+    gpumem.cli         the `gpumem` command and `python -m gpumem`
+    gpumem.sharing     sharing a GPU with other gpumem processes
+    gpumem.monitoring  what a process shows of itself: metrics, pressure alerts, the timeline and
+                       report, the figures published for `gpumem top`, and top
+    gpumem.trace       memory snapshots read safely and replayed under a limit
+    gpumem.settings    what users give gpumem (variables, arguments, files), read and checked
+    gpumem._C          the compiled allocator
 """
+import sys
+
 from gpumem import _invocation  # the standard library only, and nothing that needs torch
 
 with _invocation.interrupt_exits_quietly():  # Ctrl-C while `python -m gpumem` starts: exit 130
@@ -22,7 +35,7 @@ with _invocation.interrupt_exits_quietly():  # Ctrl-C while `python -m gpumem` s
             "`pip install --no-build-isolation .`"
         ) from error
 
-    from gpumem._api import (
+    from gpumem.api import (
         device_mem_info,
         empty_cache,
         enable,
@@ -37,10 +50,16 @@ with _invocation.interrupt_exits_quietly():  # Ctrl-C while `python -m gpumem` s
         set_segments,
         stats,
     )
-    from gpumem import timeline
-    from gpumem.metrics import serve_metrics
-    from gpumem.pressure import on_pressure
-    from gpumem.reporting import Report, collect as report
+    from gpumem.monitoring import metrics, pressure, publish, published, reporting, timeline, top
+    from gpumem.monitoring.metrics import serve_metrics
+    from gpumem.monitoring.pressure import on_pressure
+    from gpumem.monitoring.reporting import Report, collect as report
+    from gpumem.trace import replay, snapshot_file
+
+    # Their paths before the subpackages (gpumem.metrics, gpumem.replay, ...), which users' code
+    # imports: the same module under both names.
+    sys.modules.update({f"gpumem.{module.__name__.rpartition('.')[2]}": module for module in (
+        metrics, pressure, publish, published, replay, reporting, snapshot_file, timeline, top)})
 
 __all__ = [
     "Report",

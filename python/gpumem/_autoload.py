@@ -47,12 +47,13 @@ from __future__ import annotations
 import os
 import sys
 
-from gpumem import _api, _env, _invocation, sharing
-from gpumem._words import bounded, shown
+from gpumem import _invocation, api
+from gpumem.settings import environment, floors
+from gpumem.settings.echo import bounded, shown
 
 EXIT_BAD_LIMIT = 2
 # The variables that install gpumem; gpumem-autoload.pth arms the hook on the same three.
-ARMING = (_env.VARIABLE, sharing.SHARE_VARIABLE, sharing.FLOOR_VARIABLE)
+ARMING = (environment.VARIABLE, floors.SHARE_VARIABLE, floors.FLOOR_VARIABLE)
 
 state = "not run"
 
@@ -67,14 +68,14 @@ def install() -> None:
         state = "skipped: the gpumem command"
         return
     try:
-        if _env.limit_text() is None and not _env.sharing_asked():
+        if environment.limit_text() is None and not environment.sharing_asked():
             return  # GPUMEM_SHARE=off alone: nothing to install
-        for _, read in _env.SETTINGS:
+        for _, read in environment.SETTINGS:
             read()
-    except _env.SettingError as error:
+    except environment.SettingError as error:
         _stop_for(error)
     try:
-        _api.enable()
+        api.enable()
     except Exception as error:  # noqa: BLE001: whatever it is, the program must not run uncapped
         reason = bounded(str(error).removeprefix("gpumem: "))
         asked = " ".join(f"{variable}={shown(os.environ[variable])}" for variable in ARMING if variable in os.environ)
@@ -90,15 +91,15 @@ def _is_the_gpumem_command() -> bool:
     return _invocation.is_the_console_script() or _invocation.is_python_m_gpumem()
 
 
-def _stop_for(error: _env.SettingError) -> None:
+def _stop_for(error: environment.SettingError) -> None:
     instead = _INSTEAD.get(error.variable, "run with settings it did not ask for")
     value = shown(error.text, quote='"')  # quoted as the compiled layer quotes it at CUDA init
     _stop(f"gpumem: bad {error.variable} {value}: {error.reason}. The program stops rather than "
           f"{instead}: fix {error.variable} or unset it.")
 
 
-_INSTEAD = {_env.VARIABLE: "run without the cap", sharing.SHARE_VARIABLE: "guess whether to share the GPU",
-            sharing.FLOOR_VARIABLE: "run without the floor it asked for"}
+_INSTEAD = {environment.VARIABLE: "run without the cap", floors.SHARE_VARIABLE: "guess whether to share the GPU",
+            floors.FLOOR_VARIABLE: "run without the floor it asked for"}
 
 
 def _stop(line: str) -> None:

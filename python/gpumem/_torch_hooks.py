@@ -19,33 +19,26 @@ from typing import Callable, Optional
 
 import torch
 
-from gpumem import _C, _words
-
-CAPPED, DEVICE = "capped", "device"
-VIEW_FORMS = _words.forms((CAPPED, DEVICE))
+import gpumem._C as _C
+from gpumem.settings import mem_info
 
 _original_mem_get_info: Optional[Callable] = None
 # torch's settings setters, by name on torch._C: the newer releases' and the older ones'.
 SETTINGS_SETTERS = ("_accelerator_setAllocatorSettings", "_cuda_cudaCachingAllocator_set_allocator_settings")
 _original_set_settings: dict[str, Callable] = {}  # each one gpumem wrapped, by name
-_view = CAPPED
+_view = mem_info.CAPPED
 # Which of torch's settings gpumem's own settings have fixed (GPUMEM_SEGMENTS, set_segments,
 # set_release_threshold): torch's settings changed later leave those alone.
 fixed = {"segments": False, "release_threshold": False}
 
 
-def view_of(text: object) -> str:
-    """CAPPED or DEVICE for a view's name (any case, blanks around); raises naming the value."""
-    return _words.one_of(text, (CAPPED, DEVICE), "mem_get_info view")
-
-
 def set_view(view: str) -> None:
     global _view
-    _view = view_of(view)
+    _view = mem_info.view(view)
 
 
 def install() -> None:
-    """Puts the wrappers in place; once, when gpumem is installed (under gpumem._api's lock)."""
+    """Puts the wrappers in place; once, when gpumem is installed (under gpumem.api's lock)."""
     global _original_mem_get_info
     if _original_mem_get_info is None:
         _original_mem_get_info = torch.cuda.memory.mem_get_info
@@ -66,7 +59,7 @@ def device_mem_info(device=None) -> tuple[int, int]:
 
 def _mem_get_info(device=None) -> tuple[int, int]:
     free, total = _original_mem_get_info(device)  # torch's checks, its lazy init, its device numbering
-    if _view != CAPPED or not _C.is_installed():
+    if _view != mem_info.CAPPED or not _C.is_installed():
         return free, total
     if device is None:
         device = torch.cuda.current_device()

@@ -37,8 +37,10 @@ import signal
 import sys
 from typing import Callable, Iterator, Optional, Sequence
 
-from gpumem import _C, _env, _limits, _scope, _segments, _sizes, pressure, sharing
-from gpumem._words import bounded, shown, shown_path
+import gpumem._C as _C
+from gpumem.settings import (environment as _env, floors, limits as _limits, pressure_share, scope, segments,
+                             sizes as _sizes)
+from gpumem.settings.echo import bounded, shown, shown_path
 
 EXIT_DOES_NOT_FIT = 1
 EXIT_USAGE = 2
@@ -47,7 +49,7 @@ EXIT_NOT_FOUND = 127
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # as a program that SIGPIPE ends
 _FORMS = _C.limit_forms.replace("%", "%%")  # argparse %-formats help texts
-_FLOOR_FORMS = sharing.floor_forms().replace("%", "%%")
+_FLOOR_FORMS = floors.floor_forms().replace("%", "%%")
 # The signals Python ignores at start-up, and an exec'd program would inherit ignored.
 _IGNORED_BY_PYTHON = [getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)]
 _SHELL = "/bin/sh"
@@ -129,8 +131,8 @@ def _parser() -> argparse.ArgumentParser:
                                        "not found, 126: cannot be executed).")
     run.add_argument("--limit", type=_checked(_assignments_spec),
                      help=f'"4GB", "50%%", or one per device "0:4GB,1:8GB". Forms: {_FORMS}')
-    run.add_argument("--scope", type=_checked(_scope.scope),
-                     help=f'what the limit bounds: {_scope.FORMS} (the whole process, as nvidia-smi counts it); '
+    run.add_argument("--scope", type=_checked(scope.scope),
+                     help=f'what the limit bounds: {scope.FORMS} (the whole process, as nvidia-smi counts it); '
                           "default: GPUMEM_SCOPE's, else allocator")
     run.add_argument("--share", action="store_true",
                      help="share the GPUs with the other gpumem processes on them: give back free cache when "
@@ -157,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--device-total", type=_checked(_positive_size("80GB")),
                         help="the device's memory, e.g. 80GB (default: as the snapshot records it, else twice "
                              "what the trace needs); percentages in --limit are of this")
-    replay.add_argument("--segments", choices=(_segments.GROWABLE, _segments.PLAIN), default=_segments.GROWABLE,
+    replay.add_argument("--segments", choices=(segments.GROWABLE, segments.PLAIN), default=segments.GROWABLE,
                         help="the segments gpumem replays with: growable (the default, as on a GPU with CUDA "
                              "virtual memory management; 2 MiB pages) or plain (one cudaMalloc per segment)")
     replay.add_argument("--plot", metavar="PNG", help="draw allocated, reserved and the limit over time to this file")
@@ -232,7 +234,7 @@ def _assignments_spec(text: str) -> str:
 
 def _floor_spec(text: str) -> str:
     try:
-        _env.floor({sharing.FLOOR_VARIABLE: text})  # the check the program's GPUMEM_FLOOR gets
+        _env.floor({floors.FLOOR_VARIABLE: text})  # the check the program's GPUMEM_FLOOR gets
     except _env.SettingError as error:
         value = shown(text, quote='"')  # as the limit grammar quotes a limit
         raise ValueError(f"bad floor {value}: {error.reason}") from None
@@ -264,9 +266,9 @@ def _seconds(text: str) -> float:
 
 def _share(text: str) -> float:
     try:
-        return pressure.share_of_text(text)
+        return pressure_share.share_of_text(text)
     except ValueError:
-        raise ValueError(f"{shown(text)} is not {pressure.SHARE_FORMS}") from None
+        raise ValueError(f"{shown(text)} is not {pressure_share.SHARE_FORMS}") from None
 
 
 def _device(text: str) -> int:
@@ -279,7 +281,7 @@ def _device(text: str) -> int:
 
 
 def _info(args) -> int:
-    from gpumem import reporting as report
+    from gpumem.monitoring import reporting as report
 
     count = _C.device_count()
     limits = _print_env_limit(count)
@@ -292,7 +294,7 @@ def _info(args) -> int:
         under = f"; {_env.VARIABLE} sets {limits[d]}" if limits and d in limits else ""
         print(f"device {d}: {_device_name(d)}, {_sizes.format_bytes(total)} total, {_sizes.format_bytes(free)} free{under}")
         if floors and floors[d] is not None:
-            print(f"  floor: {_sizes.format_bytes(floors[d])} ({sharing.FLOOR_VARIABLE}), left by the other gpumem "
+            print(f"  floor: {_sizes.format_bytes(floors[d])} ({floors.FLOOR_VARIABLE}), left by the other gpumem "
                   "processes on this GPU")
     if count:
         print(report.collect())
@@ -322,7 +324,7 @@ def _env_floors(count: int) -> Optional[list[Optional[int]]]:
     floor in bytes (None: none), [] where it is unset or there is no device; None if a program
     under it would be stopped, said in one line. A bad syntax, or a bad GPUMEM_LIMIT, is reported
     with the settings, and gives []."""
-    text = os.environ.get(sharing.FLOOR_VARIABLE)
+    text = os.environ.get(floors.FLOOR_VARIABLE)
     if text is None or count == 0:
         return []
     totals = [_C.device_total(d) for d in range(count)]
@@ -333,9 +335,9 @@ def _env_floors(count: int) -> Optional[list[Optional[int]]]:
         return []
     limits = [total if cap is None else cap for total, cap in zip(totals, caps or [None] * count)]
     try:
-        return sharing.resolve_floors(text, totals, limits)
-    except sharing.FloorSettingError as error:
-        print(f"{sharing.FLOOR_VARIABLE} is invalid on device {error.device}: {error.reason}")
+        return floors.resolve_floors(text, totals, limits)
+    except floors.FloorSettingError as error:
+        print(f"{floors.FLOOR_VARIABLE} is invalid on device {error.device}: {error.reason}")
         return None
 
 
@@ -371,8 +373,8 @@ def _run(args) -> int:
                           "or gpumem run --share -- python train.py")
     if not command:
         raise _UsageError("run needs a program: gpumem run --limit 4GB -- python train.py")
-    given = {_env.VARIABLE: args.limit, _env.SCOPE_VARIABLE: args.scope, sharing.FLOOR_VARIABLE: args.floor,
-             sharing.SHARE_VARIABLE: "on" if args.share else None}
+    given = {_env.VARIABLE: args.limit, _env.SCOPE_VARIABLE: args.scope, floors.FLOOR_VARIABLE: args.floor,
+             floors.SHARE_VARIABLE: "on" if args.share else None}
     environment = {**os.environ, **{variable: value for variable, value in given.items() if value is not None}}
     sys.stdout.flush()
     sys.stderr.flush()
@@ -449,7 +451,7 @@ def _exec_failed(name: str, path: str, error: OSError) -> int:
 
 
 def _top(args) -> int:
-    from gpumem import _nvml, published, top
+    from gpumem.monitoring import nvml as _nvml, published, top
 
     warn_at = args.warn_at if args.warn_at is not None else _env.warn_at()
     run_dirs = published.run_dirs(_env.run_dir())
@@ -462,7 +464,7 @@ def _top(args) -> int:
 
 
 def _replay(args) -> int:
-    from gpumem import replay, snapshot_file
+    from gpumem.trace import replay, snapshot_file
 
     if args.plot:
         _require_matplotlib()
@@ -483,7 +485,7 @@ def _replay(args) -> int:
 
 def _replay_uncapped(args, snapshot, where) -> int:
     """No limit given: what the run needs, replayed without a cap, and the smallest cap it fits."""
-    from gpumem import replay
+    from gpumem.trace import replay
 
     result = replay.replay(snapshot, None, **where)
     found = replay.min_limit(snapshot, precision=args.precision, **where) if result.fits else None
@@ -552,9 +554,9 @@ def _print_replay(path: str, r) -> None:
 
 
 def _segments_text(kind: str) -> str:
-    from gpumem.replay import PAGE_SIZE
+    from gpumem.trace.replay import PAGE_SIZE
 
-    if kind == _segments.GROWABLE:
+    if kind == segments.GROWABLE:
         return f"growable ({_sizes.format_bytes(PAGE_SIZE)} pages mapped into reserved address ranges)"
     return "plain (one cudaMalloc per segment)"
 

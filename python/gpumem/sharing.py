@@ -27,100 +27,16 @@ import atexit
 import os
 import re
 import warnings
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional
 
-from gpumem import _C, _limits, _sizes
-from gpumem._words import bounded, shown, shown_path
+import gpumem._C as _C
+from gpumem.monitoring import publish, published
+from gpumem.settings import environment, sizes
+from gpumem.settings.echo import bounded, shown, shown_path
+from gpumem.settings.floors import FLOOR_VARIABLE, SHARE_VARIABLE, resolve_floors
 
-SHARE_VARIABLE = "GPUMEM_SHARE"
-FLOOR_VARIABLE = "GPUMEM_FLOOR"
-SHARE_FORMS = '"on" or "off"'
-NO_FLOOR = ("none", "0")
 _UUID = re.compile(r"^[0-9A-Za-z-]{1,64}$")
-_QUOTE = '"'  # as the limit grammar's messages quote a value
 _joined_in: Optional[int] = None  # the pid that joined a table: the only one that leaves at exit
-
-
-class FloorError(ValueError):
-    """A floor gpumem refuses; `reason` says why without naming the floor or its setting."""
-
-    def __init__(self, spec: str, reason: str):
-        self.spec, self.reason = spec, bounded(reason)
-        super().__init__(f"gpumem: bad floor {shown(spec, quote=_QUOTE)}: {self.reason}. Accepted forms: {floor_forms()}")
-
-
-class FloorSettingError(ValueError):
-    """GPUMEM_FLOOR=`text` that cannot be applied on device `device` (None: on none, its syntax);
-    `reason` says why without naming the variable or its value."""
-
-    def __init__(self, text: str, device: Optional[int], reason: str):
-        self.text, self.device, self.reason = text, device, bounded(reason)
-        on = "" if device is None else f" on device {device}"
-        super().__init__(f"gpumem: bad {FLOOR_VARIABLE} {shown(text, quote=_QUOTE)}{on}: {self.reason}. Accepted "
-                         f"forms: {floor_forms()}. No CUDA memory is handed out until it is fixed: fix "
-                         f"{FLOOR_VARIABLE} or unset it, and start the program again.")
-
-
-def floor_forms() -> str:
-    return f'{_C.limit_forms}; "none" or "0" is no floor'
-
-
-def share_of_text(text: str) -> bool:
-    value = text.strip().lower()
-    if value not in ("on", "off"):
-        raise ValueError(text)
-    return value == "on"
-
-
-def floor_assignments(text: str) -> list[tuple[int, str]]:
-    """GPUMEM_FLOOR's (device, spec) pairs, -1 for every device, their syntax checked; FloorError
-    (a ValueError) naming the text and the accepted forms."""
-    try:
-        pairs = _C.parse_limit_assignments(text)
-        for _, spec in pairs:
-            if not _is_no_floor(spec):
-                _limits.check_syntax(spec)
-    except _C.LimitSpecError as error:
-        raise FloorError(text, error.reason) from None
-    return pairs
-
-
-def floor_bytes(spec: str, total: int, limit: int) -> int:
-    """A floor spec in bytes on a device of `total` bytes under a hard cap of `limit`; FloorError
-    (a ValueError) naming the spec if it is above the device or the cap."""
-    if _is_no_floor(spec):
-        return 0
-    try:
-        nbytes = _limits.parse(_limits.spec_of(spec), total)
-    except _C.LimitSpecError as error:
-        raise FloorError(spec, error.reason) from None
-    if nbytes > limit:
-        raise FloorError(spec, f"it comes to {_sizes.format_bytes(nbytes)}, above the hard cap of "
-                               f"{_sizes.format_bytes(limit)}: a floor is at most the limit")
-    return nbytes
-
-
-def resolve_floors(text: str, totals: Sequence[int], limits: Sequence[int]) -> list[Optional[int]]:
-    """GPUMEM_FLOOR=`text` on devices of these totals under these hard caps: each device's floor
-    in bytes, None where it names none. What cannot be applied, on any device, raises
-    FloorSettingError (a ValueError) naming GPUMEM_FLOOR, its value, the device and the accepted
-    forms. The one check of GPUMEM_FLOOR on the devices: CUDA init and `gpumem info` share it."""
-    try:
-        pairs = floor_assignments(text)
-    except FloorError as error:
-        raise FloorSettingError(text, None, error.reason) from None
-    floors: list[Optional[int]] = [None] * len(totals)
-    for device, spec in pairs:
-        if device >= len(totals):
-            seen = f"devices 0..{len(totals) - 1}" if totals else "no CUDA device"
-            raise FloorSettingError(text, device, f"there is no CUDA device {device}; this process sees {seen} "
-                                                  "(CUDA_VISIBLE_DEVICES applies)")
-        for index in range(len(totals)) if device == -1 else [device]:
-            try:
-                floors[index] = floor_bytes(spec, totals[index], limits[index])
-            except FloorError as error:
-                raise FloorSettingError(text, index, error.reason) from None
-    return floors
 
 
 def table_path(run_dir_path: str, uuid: str) -> str:
@@ -139,8 +55,7 @@ def gpu_uuid(index: int) -> str:
 def join(index: int, run_dir=None) -> None:
     """Joins the table of device `index`'s GPU (once); RuntimeError saying why it cannot, the run
     directory's trust checked here (published.run_dir_problem), not by the compiled layer."""
-    from gpumem import _env, publish, published
-    where = _env.run_dir() if run_dir is None else run_dir
+    where = environment.run_dir() if run_dir is None else run_dir
     try:
         publish.prepare(where, published.SHARE)
     except OSError as error:  # made by prepare: the path and the reason; else the system's
@@ -160,13 +75,13 @@ def set_floor(index: int, nbytes: int) -> int:
     if granted < nbytes:
         holders = ", ".join(_holder(h) for h in grant["floor_holders"]) or "none now"
         warnings.warn(
-            f"gpumem: the floor of {_sizes.format_bytes(nbytes)} on cuda:{index} was granted only "
-            f"{_sizes.format_bytes(granted)}: the other processes' floors claim the rest of the device "
-            f"({holders}). Lower one of theirs, or ask for at most {_sizes.format_bytes(granted)}.",
+            f"gpumem: the floor of {sizes.format_bytes(nbytes)} on cuda:{index} was granted only "
+            f"{sizes.format_bytes(granted)}: the other processes' floors claim the rest of the device "
+            f"({holders}). Lower one of theirs, or ask for at most {sizes.format_bytes(granted)}.",
             RuntimeWarning, stacklevel=3)
     if short:
         warnings.warn(
-            f"gpumem: the floor of {_sizes.format_bytes(granted)} on cuda:{index} is short by {_sizes.format_bytes(short)} for now: "
+            f"gpumem: the floor of {sizes.format_bytes(granted)} on cuda:{index} is short by {sizes.format_bytes(short)} for now: "
             "other processes' live tensors hold that memory. Their caches were asked for; the rest is honoured as "
             "they free memory (the others cannot grow into it).", RuntimeWarning, stacklevel=3)
     return (nbytes - granted) + short
@@ -174,7 +89,7 @@ def set_floor(index: int, nbytes: int) -> int:
 
 def _holder(member: dict) -> str:
     where = "" if member.get("same_pid_namespace", True) else " of another pid namespace"
-    return f"pid {member['pid']}{where}: {_sizes.format_bytes(member['floor'])}"
+    return f"pid {member['pid']}{where}: {sizes.format_bytes(member['floor'])}"
 
 
 def status(index: int) -> Optional[dict]:
@@ -187,7 +102,7 @@ def status(index: int) -> Optional[dict]:
 
 def start_at_cuda_init() -> None:
     """Queues start_for_environment for torch's CUDA init. Unlike the monitoring's calls
-    (gpumem._monitoring.when_cuda_starts) it may raise: torch.cuda._lazy_init then raises
+    (gpumem.monitoring.startup.when_cuda_starts) it may raise: torch.cuda._lazy_init then raises
     (DeferredCudaCallError, with this error's message), leaves CUDA uninitialized and its queued
     calls queued, and runs them all again at the next CUDA call: every one raises until the
     setting is fixed, as for a GPUMEM_LIMIT that does not fit the devices."""
@@ -201,8 +116,7 @@ def start_for_environment(environ: Mapping[str, str] = os.environ) -> None:
     applied raises FloorSettingError (a ValueError), a table that cannot be joined RuntimeError,
     each naming the setting and why, before anything is joined or having left what was (the
     program asked to share: it must not run alone)."""
-    from gpumem import _env
-    if not _env.sharing_asked(environ):
+    if not environment.sharing_asked(environ):
         return
     floors_text = environ.get(FLOOR_VARIABLE)
     count = _C.device_count()
@@ -222,10 +136,6 @@ def start_for_environment(environ: Mapping[str, str] = os.environ) -> None:
     for index, nbytes in enumerate(floors):
         if nbytes is not None:
             set_floor(index, nbytes)
-
-
-def _is_no_floor(spec: object) -> bool:
-    return isinstance(spec, str) and spec.strip().lower() in NO_FLOOR
 
 
 def _leave_at_exit() -> None:

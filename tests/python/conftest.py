@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from fake_c import GiB, FakeC, use_fake_c
-from gpumem import _env
+from gpumem.settings import environment
 
 
 def pytest_configure(config):
@@ -93,5 +93,5 @@ def run_python():
 def environment_without_gpumem_settings() -> dict:
     """The environment less GPUMEM_LIMIT and every other gpumem setting: one in the caller's shell
     must not change what a test sets up."""
-    settings = {"GPUMEM_LIMIT", *(name for name, _ in _env.SETTINGS)}
+    settings = {"GPUMEM_LIMIT", *(name for name, _ in environment.SETTINGS)}
     return {name: value for name, value in os.environ.items() if name not in settings}

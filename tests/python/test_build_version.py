@@ -148,11 +148,9 @@ def test_importing_under_another_cuda_build_fails():
 
 def test_without_a_build_record_nothing_is_checked(tmp_path):
     package = tmp_path / "gpumem"
-    package.mkdir()
-    source = pathlib.Path(gpumem.__file__).parent
-    for path in list(source.glob("*.py")) + [pathlib.Path(gpumem._C.__file__)]:
-        if path.name != "_build.py":
-            shutil.copy(path, package)
+    # The package with its subpackages and compiled module, without the record.
+    shutil.copytree(pathlib.Path(gpumem.__file__).parent, package,
+                    ignore=shutil.ignore_patterns("_build.py", "__pycache__"))
     completed = subprocess.run(
         [sys.executable, "-c", "import torch; torch.__version__ = '2.9.0'; import gpumem; print(gpumem.__file__)"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})

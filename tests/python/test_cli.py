@@ -13,7 +13,8 @@ import pytest
 
 from conftest import environment_without_gpumem_settings
 from fake_c import GiB, FakeC, use_fake_c
-from gpumem import _C, _autoload, cli, replay
+from gpumem import _C, _autoload, cli
+from gpumem.trace import replay
 
 DATA = pathlib.Path(__file__).parent / "data"
 MiB = 1 << 20

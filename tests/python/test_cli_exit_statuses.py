@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from gpumem import cli, replay
+from gpumem import cli
+from gpumem.trace import replay
 
 DATA = pathlib.Path(__file__).parent / "data"
 

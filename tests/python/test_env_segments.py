@@ -8,24 +8,25 @@ import pytest
 
 import gpumem
 from fake_c import GiB
-from gpumem import _autoload, _env
+from gpumem import _autoload
+from gpumem.settings import environment
 
 MiB = 1 << 20
 
 
 @pytest.mark.parametrize("value, growable", [("plain", False), ("growable", True), ("PLAIN", False)])
 def test_the_value_is_read_as_a_segment_kind(value, growable):
-    assert _env.segments({"GPUMEM_SEGMENTS": value}) is growable
+    assert environment.segments({"GPUMEM_SEGMENTS": value}) is growable
 
 
 def test_unset_means_the_default():
-    assert _env.segments({}) is None
+    assert environment.segments({}) is None
 
 
 @pytest.mark.parametrize("value", ["", "fast", "expandable", "plain,growable", "0:plain"])
 def test_a_bad_value_is_an_error_naming_the_variable_its_value_and_the_forms(value):
     with pytest.raises(ValueError) as caught:
-        _env.segments({"GPUMEM_SEGMENTS": value})
+        environment.segments({"GPUMEM_SEGMENTS": value})
     message = str(caught.value)
     assert f"GPUMEM_SEGMENTS={value!r}" in message
     assert '"growable" or "plain"' in message

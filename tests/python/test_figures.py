@@ -1,11 +1,12 @@
-"""The figures users see (gpumem._figures) are one list: the metrics, the file published for
+"""The figures users see (gpumem.monitoring.figures) are one list: the metrics, the file published for
 `gpumem top` and top's JSON each show every figure meant for them, and read it the same way."""
 from __future__ import annotations
 
 import os
 
-from gpumem import _C, _figures, metrics, publish
-from gpumem import published as reading
+from gpumem import _C
+from gpumem.monitoring import figures as _figures, metrics, publish
+from gpumem.monitoring import published as reading
 
 from test_top import UUID, gpu, identity, json_of, run_dir  # noqa: F401 - fixtures
 

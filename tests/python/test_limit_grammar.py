@@ -157,7 +157,7 @@ def test_a_refused_byte_count_has_no_spec_text():
 
 
 def test_python_and_the_compiled_layer_cut_the_users_text_after_as_many_units():
-    from gpumem import _words
+    from gpumem.settings import echo
 
-    assert _words.SHOWN_LENGTH == _C.SHOWN_LENGTH
-    assert _words.shown("9" * 100, quote='"') == '"' + "9" * _C.SHOWN_LENGTH + '"… (100 characters)'
+    assert echo.SHOWN_LENGTH == _C.SHOWN_LENGTH
+    assert echo.shown("9" * 100, quote='"') == '"' + "9" * _C.SHOWN_LENGTH + '"… (100 characters)'

@@ -15,7 +15,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 import gpumem
-from gpumem import _C, _env, _http, _monitoring, metrics
+from gpumem import _C
+from gpumem.monitoring import http_server, metrics, startup
+from gpumem.settings import environment
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -245,18 +247,18 @@ def test_without_prometheus_client_serve_metrics_says_what_to_install(monkeypatc
 
 @pytest.mark.parametrize("text, port", [("9400", 9400), (" 1 ", 1), ("65535", 65535)])
 def test_gpumem_metrics_port_reads_a_port(text, port):
-    assert _env.metrics_port({"GPUMEM_METRICS_PORT": text}) == port
+    assert environment.metrics_port({"GPUMEM_METRICS_PORT": text}) == port
 
 
 @pytest.mark.parametrize("text", ["", "0", "65536", "-1", "94OO", "9400.0", "٩٤٠٠", "9" * 100])
 def test_a_bad_gpumem_metrics_port_names_the_variable_and_the_accepted_forms(text):
     with pytest.raises(ValueError, match=r"GPUMEM_METRICS_PORT=.* cannot be applied: give a port number in 1..65535"):
-        _env.metrics_port({"GPUMEM_METRICS_PORT": text})
+        environment.metrics_port({"GPUMEM_METRICS_PORT": text})
 
 
 def test_each_process_serves_on_the_base_port_plus_its_local_rank(fake_c):
     port = free_port()
-    server = metrics.serve_for_environment(port - 3, {"LOCAL_RANK": "3"})
+    server = startup.serve_metrics_for_environment(port - 3, {"LOCAL_RANK": "3"})
     try:
         assert server.port == port
         assert "gpumem_reserved_bytes" in scrape(port)
@@ -266,7 +268,7 @@ def test_each_process_serves_on_the_base_port_plus_its_local_rank(fake_c):
 
 def test_without_local_rank_the_base_port_is_served(fake_c):
     port = free_port()
-    server = metrics.serve_for_environment(port, {})
+    server = startup.serve_metrics_for_environment(port, {})
     try:
         assert server.port == port
     finally:
@@ -274,21 +276,21 @@ def test_without_local_rank_the_base_port_is_served(fake_c):
 
 
 def test_a_port_in_use_from_the_environment_is_one_line_on_stderr_and_the_program_goes_on(served, capsys):
-    assert metrics.serve_for_environment(served.port, {}) is None
+    assert startup.serve_metrics_for_environment(served.port, {}) is None
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"gpumem: GPUMEM_METRICS_PORT={served.port}: no metrics are served (cannot serve metrics")
     assert line.endswith("; the program goes on without them.")
 
 
 def test_a_bad_local_rank_is_one_line_on_stderr(fake_c, capsys):
-    assert metrics.serve_for_environment(9400, {"LOCAL_RANK": "first"}) is None
+    assert startup.serve_metrics_for_environment(9400, {"LOCAL_RANK": "first"}) is None
     [line] = capsys.readouterr().err.splitlines()
     assert "LOCAL_RANK='first' is not a number of 0 or more" in line
 
 
 def test_without_prometheus_client_the_environment_gets_one_line_on_stderr(fake_c, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
-    assert metrics.serve_for_environment(free_port(), {}) is None
+    assert startup.serve_metrics_for_environment(free_port(), {}) is None
     [line] = capsys.readouterr().err.splitlines()
     assert "pip install prometheus_client" in line
 
@@ -304,7 +306,7 @@ def test_gpumem_metrics_port_at_autoload_serves_once_cuda_starts(hook_devices, m
     from gpumem import _autoload
 
     queued = []
-    monkeypatch.setattr(_monitoring.torch.cuda, "_lazy_call", queued.append)
+    monkeypatch.setattr(startup.torch.cuda, "_lazy_call", queued.append)
     hook_devices("4GB")
     port = free_port()
     monkeypatch.setenv("GPUMEM_METRICS_PORT", str(port))
@@ -314,7 +316,7 @@ def test_gpumem_metrics_port_at_autoload_serves_once_cuda_starts(hook_devices, m
     with pytest.raises(OSError):  # nothing listens before CUDA starts
         scrape(port)
     [start] = queued
-    monkeypatch.setattr(metrics, "serve_for_environment", _keeping(metrics.serve_for_environment, servers := []))
+    monkeypatch.setattr(startup, "serve_metrics_for_environment", _keeping(startup.serve_metrics_for_environment, servers := []))
     start()
     try:
         assert scrape(port)["gpumem_limit_bytes"] == []  # no device used yet
@@ -366,7 +368,7 @@ def raw_request(port: int, request: bytes) -> bytes:
 def test_a_scrape_is_answered_while_200_clients_stall_and_no_thread_is_added(served, monkeypatch):
     # The stalled clients keep their connections for the whole test, however slowly a loaded
     # machine runs it; a server that waited for them would not answer the scrape within its 30 s.
-    monkeypatch.setattr(_http, "CONNECTION_SECONDS", 600.0)
+    monkeypatch.setattr(http_server, "CONNECTION_SECONDS", 600.0)
     threads = threading.active_count()
     stalled = []
     try:
@@ -381,14 +383,14 @@ def test_a_scrape_is_answered_while_200_clients_stall_and_no_thread_is_added(ser
 
 
 def test_a_client_that_stalls_is_closed_once_its_time_is_up(fake_c, monkeypatch):
-    monkeypatch.setattr(_http, "CONNECTION_SECONDS", 0.2)
+    monkeypatch.setattr(http_server, "CONNECTION_SECONDS", 0.2)
     with gpumem.serve_metrics(0) as server, stalled_client(server.port) as client:
         assert client.recv(1) == b""  # closed by the server (the client's own timeout is 30 s)
         assert "gpumem_limit_bytes" in scrape(server.port)
 
 
 def test_one_client_past_the_most_at_once_closes_the_oldest(fake_c, monkeypatch):
-    monkeypatch.setattr(_http, "MAX_CONNECTIONS", 4)
+    monkeypatch.setattr(http_server, "MAX_CONNECTIONS", 4)
     with gpumem.serve_metrics(0) as server:
         clients = [stalled_client(server.port) for _ in range(4)]
         try:
@@ -401,7 +403,7 @@ def test_one_client_past_the_most_at_once_closes_the_oldest(fake_c, monkeypatch)
 
 
 def test_the_listener_queues_100_connections_before_it_accepts_one():
-    listener = _http._listen("127.0.0.1", 0)  # bound and listening, never accepting: a burst meets only the backlog
+    listener = http_server._listen("127.0.0.1", 0)  # bound and listening, never accepting: a burst meets only the backlog
     clients = []
     try:
         for _ in range(100):  # a backlog of 5 let 6 in; the 7th waited for the SYN to be sent again
@@ -462,13 +464,13 @@ def test_an_error_while_reading_the_figures_is_http_500_with_nothing_on_stderr(f
                                            ({"GPUMEM_METRICS_ADDR": " ::1 "}, "::1"),
                                            ({"GPUMEM_METRICS_ADDR": "node-7.cluster"}, "node-7.cluster")])
 def test_gpumem_metrics_addr_reads_an_address_and_defaults_to_loopback(environ, addr):
-    assert _env.metrics_addr(environ) == addr
+    assert environment.metrics_addr(environ) == addr
 
 
 @pytest.mark.parametrize("text", ["", "http://0.0.0.0", "0.0.0.0:9400", "a b", "-x", "\udcff", "h" * 300])
 def test_a_bad_gpumem_metrics_addr_names_the_variable_and_the_accepted_forms(text):
     with pytest.raises(ValueError, match=r"GPUMEM_METRICS_ADDR=.* cannot be applied: .*give an address to listen on"):
-        _env.metrics_addr({"GPUMEM_METRICS_ADDR": text})
+        environment.metrics_addr({"GPUMEM_METRICS_ADDR": text})
 
 
 def test_a_bad_gpumem_metrics_addr_at_autoload_stops_the_program(hook_devices, stopped, monkeypatch):
@@ -481,14 +483,14 @@ def test_gpumem_metrics_addr_at_autoload_is_where_the_endpoint_listens(hook_devi
     from gpumem import _autoload
 
     queued = []
-    monkeypatch.setattr(_monitoring.torch.cuda, "_lazy_call", queued.append)
+    monkeypatch.setattr(startup.torch.cuda, "_lazy_call", queued.append)
     hook_devices("4GB")
     port = free_port()
     monkeypatch.setenv("GPUMEM_METRICS_PORT", str(port))
     monkeypatch.setenv("GPUMEM_METRICS_ADDR", "127.0.0.2")  # loopback still, but not the default
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     _autoload.install()
-    monkeypatch.setattr(metrics, "serve_for_environment", _keeping(metrics.serve_for_environment, servers := []))
+    monkeypatch.setattr(startup, "serve_metrics_for_environment", _keeping(startup.serve_metrics_for_environment, servers := []))
     [start] = queued
     start()
     try:
@@ -502,7 +504,7 @@ def test_gpumem_metrics_addr_at_autoload_is_where_the_endpoint_listens(hook_devi
 
 
 def test_an_address_this_machine_does_not_have_is_one_line_on_stderr_naming_it(fake_c, capsys):
-    assert metrics.serve_for_environment(free_port(), {}, addr="no-such-host.invalid") is None
+    assert startup.serve_metrics_for_environment(free_port(), {}, addr="no-such-host.invalid") is None
     [line] = capsys.readouterr().err.splitlines()
     assert "cannot serve metrics on no-such-host.invalid:" in line and "pick another" not in line
 

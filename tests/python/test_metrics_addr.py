@@ -9,7 +9,7 @@ import pytest
 
 import gpumem
 from conftest import environment_without_gpumem_settings
-from gpumem import _env, metrics
+from gpumem.settings import environment, metrics_endpoint
 
 
 def gpumem_command(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -23,11 +23,11 @@ def gpumem_command(*args: str, **env: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("text", ["0", "00", "0x0", "0X0", "127.1", "0177.0.0.1", "00.0.0.0", "127.0.0.01",
                                   "0x7f.1", "4294967295", "1.2.3.4.5", "256.0.0.1", "[::1]"])
 def test_an_address_in_another_spelling_is_refused_naming_the_value_and_the_forms(text):
-    with pytest.raises(_env.SettingError) as raised:
-        _env.metrics_addr({"GPUMEM_METRICS_ADDR": text})
+    with pytest.raises(environment.SettingError) as raised:
+        environment.metrics_addr({"GPUMEM_METRICS_ADDR": text})
     message = str(raised.value)
     assert message.startswith(f"gpumem: GPUMEM_METRICS_ADDR={text!r} cannot be applied: give ")
-    assert metrics.ADDR_FORMS in message
+    assert metrics_endpoint.ADDR_FORMS in message
 
 
 @pytest.mark.parametrize("text, bound", [("127.0.0.1", "127.0.0.1"), ("0.0.0.0", "0.0.0.0"), (" 10.1.2.3 ", "10.1.2.3"),
@@ -35,7 +35,7 @@ def test_an_address_in_another_spelling_is_refused_naming_the_value_and_the_form
                                          ("fe80:0:0:0:0:0:0:1", "fe80::1"), ("localhost", "localhost"),
                                          ("node-7.cluster", "node-7.cluster")])
 def test_an_address_the_docs_name_is_taken_as_it_will_be_bound(text, bound):
-    assert _env.metrics_addr({"GPUMEM_METRICS_ADDR": text}) == bound
+    assert environment.metrics_addr({"GPUMEM_METRICS_ADDR": text}) == bound
 
 
 def test_a_bad_address_stops_a_torch_program_at_import_with_status_2():

@@ -8,7 +8,8 @@ nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 pytest.importorskip("matplotlib")
 
-from gpumem import _C, replay  # noqa: E402
+from gpumem import _C  # noqa: E402
+from gpumem.trace import replay  # noqa: E402
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 NOTEBOOK = DOCS / "quickstart.ipynb"

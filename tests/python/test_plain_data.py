@@ -1,4 +1,4 @@
-"""The plain-data pickle reader (gpumem._plain_data) reads what pickle.loads reads, for the opcodes
+"""The plain-data pickle reader (gpumem.trace.plain_data) reads what pickle.loads reads, for the opcodes
 Python's pickler writes for dicts, lists, tuples, strings, bytes and numbers at protocols 2 to 5."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 import mutants
 import plain_values
-from gpumem import _plain_data
+from gpumem.trace import plain_data
 
 # The opcodes Python's pickler writes for plain data at protocols 2 to 5 (and so torch, whose
 # torch.cuda.memory._dump_snapshot calls pickle.dump).
@@ -24,7 +24,7 @@ PICKLER_WRITES = {
 
 
 def read(data: bytes):
-    return _plain_data.PlainReader(data).load()
+    return plain_data.PlainReader(data).load()
 
 
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
@@ -45,11 +45,11 @@ def test_the_reader_reads_random_plain_data_as_pickle_loads_does():
     count = fuzz_count(3000)
     for n in range(count):
         data, protocol = plain_values.case(n)
-        reader = _plain_data.PlainReader(data)
+        reader = plain_data.PlainReader(data)
         found = plain_values.difference(reader.load(), pickle.loads(data))
         assert found is None, f"case {n} (protocol {protocol}, {len(data)} bytes): {found}"
         # within the memory bound without its slack: see Note [memory]
-        assert reader.spent <= _plain_data.MEMORY_PER_BYTE * len(data), f"case {n}"
+        assert reader.spent <= plain_data.MEMORY_PER_BYTE * len(data), f"case {n}"
 
 
 def test_the_random_pickles_use_every_opcode_the_pickler_writes_for_plain_data():
@@ -98,19 +98,19 @@ def test_memo_indices_past_those_stored_are_read_as_pickle_reads_them(data):
                          ids=["empty-dicts", "empty-lists", "one-item-dicts", "nested-dicts"])
 def test_the_densest_output_of_the_pickler_counts_under_the_memory_per_byte(value, protocol):
     data = pickle.dumps(value, protocol)
-    reader = _plain_data.PlainReader(data)
+    reader = plain_data.PlainReader(data)
     assert reader.load() == value
-    assert reader.spent <= _plain_data.MEMORY_PER_BYTE * len(data)
+    assert reader.spent <= plain_data.MEMORY_PER_BYTE * len(data)
 
 
 def test_damaged_pickles_read_as_pickle_loads_reads_them_or_raise_bad_pickle():
     read_whole = 0
     for n in range(fuzz_count(1500)):
         data = mutants.mutant(n)
-        reader = _plain_data.PlainReader(data)
+        reader = plain_data.PlainReader(data)
         try:
             value = reader.load()
-        except _plain_data.BadPickle:
+        except plain_data.BadPickle:
             continue
         read_whole += 1
         if not reader.sparse:  # pickle.loads would allocate a slot for each memo index below one put far ahead

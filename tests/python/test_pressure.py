@@ -10,7 +10,9 @@ import threading
 import pytest
 
 import gpumem
-from gpumem import _C, _env, pressure
+from gpumem import _C
+from gpumem.monitoring import pressure
+from gpumem.settings import environment
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -248,18 +250,18 @@ def test_warn_at_logs_a_warning_at_each_crossing(fake_c, process_watcher, caplog
 
 @pytest.mark.parametrize("text, share", [("0.85", 0.85), (" 1 ", 1.0), ("1e-1", 0.1)])
 def test_gpumem_warn_at_reads_a_share(text, share):
-    assert _env.warn_at({"GPUMEM_WARN_AT": text}) == share
+    assert environment.warn_at({"GPUMEM_WARN_AT": text}) == share
 
 
 @pytest.mark.parametrize("text", ["", "85%", "0", "1.5", "nan", "-0.5", "high", "0.8" * 40])
 def test_a_bad_gpumem_warn_at_names_the_variable_and_the_accepted_forms(text):
     expected = r"GPUMEM_WARN_AT=.* cannot be applied: give a share of the limit in \(0, 1\]"
     with pytest.raises(ValueError, match=expected):
-        _env.warn_at({"GPUMEM_WARN_AT": text})
+        environment.warn_at({"GPUMEM_WARN_AT": text})
 
 
 def test_gpumem_warn_at_unset_is_none():
-    assert _env.warn_at({}) is None
+    assert environment.warn_at({}) is None
 
 
 def test_a_bad_gpumem_warn_at_at_autoload_stops_the_program(hook_devices, stopped, monkeypatch):

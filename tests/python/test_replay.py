@@ -15,8 +15,8 @@ import pickle
 import pytest
 
 from gpumem import _C
-from gpumem import replay as rp
-from gpumem.snapshot_file import SnapshotError, from_dict, load
+from gpumem.trace import replay as rp
+from gpumem.trace.snapshot_file import SnapshotError, from_dict, load
 
 DATA = pathlib.Path(__file__).parent / "data"
 EXPECTED = json.loads((DATA / "expected.json").read_text())

@@ -9,9 +9,12 @@ import time
 
 import pytest
 
-from gpumem import _C, _devices, replay, timeline
-from gpumem import reporting as report
-from gpumem.reporting import Report
+from gpumem import _C
+from gpumem.monitoring import timeline
+from gpumem.settings import devices as _devices
+from gpumem.trace import replay
+from gpumem.monitoring import reporting as report
+from gpumem.monitoring.reporting import Report
 
 MiB, GiB = 1 << 20, 1 << 30
 DATA = pathlib.Path(__file__).parent / "data"

@@ -1,4 +1,4 @@
-"""The run directory: one rule decides whether it is trusted (gpumem.published.run_dir_problem), for
+"""The run directory: one rule decides whether it is trusted (gpumem.monitoring.published.run_dir_problem), for
 `gpumem top` reading it, a process publishing its figures in it and a GPU's sharing table in it;
 and the names a publisher writes there, which nobody can take first in a directory shared with
 other users."""
@@ -11,19 +11,21 @@ import time
 import pytest
 
 from fake_c import GiB, FakeC, use_fake_c
-from gpumem import _C, publish, published, sharing, top
+from gpumem import _C, sharing
+from gpumem.monitoring import publish, published, top
+from gpumem.settings.run_dir import RunDir
 
 from test_top import FakeNvml, gpu, identity
 
 
-def directory(tmp_path, mode: int, name: str = "run") -> published.RunDir:
+def directory(tmp_path, mode: int, name: str = "run") -> RunDir:
     path = tmp_path / name
     path.mkdir()
     path.chmod(mode)
-    return published.RunDir(str(path), chosen=True)
+    return RunDir(str(path), chosen=True)
 
 
-def publisher_over_a_sim(run_dir: published.RunDir, **who) -> publish.Publisher:
+def publisher_over_a_sim(run_dir: RunDir, **who) -> publish.Publisher:
     sim = _C.SimAllocator(8 * GiB)
     sim.set_growable(0, False)
     sim.malloc(0, GiB)
@@ -60,7 +62,7 @@ def test_a_sharing_table_needs_a_directory_of_this_user(tmp_path):
 def test_a_default_directory_named_for_another_uid_is_a_plant(tmp_path):
     plant = tmp_path / f"gpumem-{os.geteuid() + 1}"
     plant.mkdir(mode=0o700)
-    problem = published.run_dir_problem(published.RunDir(str(plant)), published.READ)
+    problem = published.run_dir_problem(RunDir(str(plant)), published.READ)
     assert problem.startswith(f"belongs to uid {os.geteuid()}, not to the uid {os.geteuid() + 1} its name says")
 
 

@@ -4,7 +4,9 @@ and `gpumem top`. No GPU needed; tests/python/test_gpu_process_scope.py runs it 
 import pytest
 
 import gpumem
-from gpumem import _C, _env, metrics, publish, published
+from gpumem import _C
+from gpumem.monitoring import metrics, publish, published
+from gpumem.settings import environment
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -55,12 +57,12 @@ def test_a_scope_of_the_wrong_type_is_a_type_error(fake_c, scope):
 
 @pytest.mark.parametrize("value, scope", [("process", "process"), (" ALLOCATOR", "allocator")])
 def test_gpumem_scope_is_read_as_a_scope(value, scope):
-    assert _env.scope({"GPUMEM_SCOPE": value}) == scope
+    assert environment.scope({"GPUMEM_SCOPE": value}) == scope
 
 
 def test_a_bad_gpumem_scope_names_the_variable_its_value_and_the_forms():
     with pytest.raises(ValueError) as caught:
-        _env.scope({"GPUMEM_SCOPE": "node"})
+        environment.scope({"GPUMEM_SCOPE": "node"})
     assert "GPUMEM_SCOPE='node'" in str(caught.value) and '"allocator" or "process"' in str(caught.value)
 
 
@@ -80,7 +82,7 @@ def test_a_bad_gpumem_scope_leaves_gpumem_uninstalled(fake_c, monkeypatch):
 
 
 def test_the_hook_checks_gpumem_scope_with_the_other_settings():
-    assert ("GPUMEM_SCOPE", _env.scope) in _env.SETTINGS
+    assert ("GPUMEM_SCOPE", environment.scope) in environment.SETTINGS
 
 
 # ---- what monitoring shows ----------------------------------------------------------------------
@@ -149,7 +151,7 @@ def test_a_published_file_with_a_bad_scope_or_outside_is_refused(scope, outside)
 
 
 def test_the_report_says_the_limit_is_on_the_whole_process_and_what_it_counts_outside():
-    from gpumem.reporting import Report
+    from gpumem.monitoring.reporting import Report
 
     text = str(Report.from_sim(process_scoped_sim(1536 * MiB), total=8 * GiB))
     assert "  limit, whole process     4.00 GiB\n" in text

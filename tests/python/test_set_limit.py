@@ -261,7 +261,7 @@ def test_a_bad_limit_is_shown_escaped_and_cut(fake_c, value):
     with pytest.raises(ValueError) as caught:
         gpumem.set_limit(value)
     message = str(caught.value)
-    assert message.startswith(f"gpumem: bad limit {gpumem._words.shown(value, quote=chr(34))}: ")
+    assert message.startswith(f"gpumem: bad limit {gpumem.settings.echo.shown(value, quote=chr(34))}: ")
     assert message.isprintable() and len(message) < 2000
 
 

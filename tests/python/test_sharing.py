@@ -6,7 +6,9 @@ import os
 
 import pytest
 
-from gpumem import _C, _env, cli, metrics, publish, published, sharing, top
+from gpumem import _C, cli, sharing
+from gpumem.monitoring import metrics, publish, published, top
+from gpumem.settings import environment, floors
 
 from test_report import wait_for
 from test_top import UUID, gpu, identity, run_dir, table_of, json_of  # noqa: F401 - fixtures
@@ -15,39 +17,39 @@ GiB = 1 << 30
 
 
 def test_a_floor_is_read_per_device_in_the_limit_grammar():
-    assert sharing.floor_assignments("0:20GB,1:8GB") == [(0, "20GB"), (1, "8GB")]
-    assert sharing.floor_assignments("20GB") == [(-1, "20GB")]
+    assert floors.floor_assignments("0:20GB,1:8GB") == [(0, "20GB"), (1, "8GB")]
+    assert floors.floor_assignments("20GB") == [(-1, "20GB")]
 
 
 def test_a_bad_floor_names_the_variable_the_value_and_the_accepted_forms():
-    with pytest.raises(_env.SettingError) as raised:
-        _env.floor({"GPUMEM_FLOOR": "20XB"})
+    with pytest.raises(environment.SettingError) as raised:
+        environment.floor({"GPUMEM_FLOOR": "20XB"})
     message = str(raised.value)
-    assert "GPUMEM_FLOOR" in message and "20XB" in message and sharing.floor_forms() in message
+    assert "GPUMEM_FLOOR" in message and "20XB" in message and floors.floor_forms() in message
 
 
 def test_gpumem_share_takes_on_or_off():
-    assert _env.share({"GPUMEM_SHARE": "on"}) is True
-    assert _env.share({"GPUMEM_SHARE": "off"}) is False
-    with pytest.raises(_env.SettingError, match='"on" or "off"'):
-        _env.share({"GPUMEM_SHARE": "maybe"})
+    assert environment.share({"GPUMEM_SHARE": "on"}) is True
+    assert environment.share({"GPUMEM_SHARE": "off"}) is False
+    with pytest.raises(environment.SettingError, match='"on" or "off"'):
+        environment.share({"GPUMEM_SHARE": "maybe"})
 
 
 def test_a_floor_implies_sharing_and_nothing_asks_for_it_by_default():
-    assert _env.sharing_asked({"GPUMEM_FLOOR": "20GB"})
-    assert not _env.sharing_asked({})
-    assert not _env.sharing_asked({"GPUMEM_SHARE": "off"})
+    assert environment.sharing_asked({"GPUMEM_FLOOR": "20GB"})
+    assert not environment.sharing_asked({})
+    assert not environment.sharing_asked({"GPUMEM_SHARE": "off"})
 
 
 def test_a_floor_is_bytes_of_the_device_and_none_is_no_floor():
-    assert sharing.floor_bytes("50%", 100 * GiB, 100 * GiB) == 50 * GiB
-    assert sharing.floor_bytes("20GB", 140 * GiB, 140 * GiB) == 20 * GiB
-    assert sharing.floor_bytes("none", 140 * GiB, 140 * GiB) == 0
+    assert floors.floor_bytes("50%", 100 * GiB, 100 * GiB) == 50 * GiB
+    assert floors.floor_bytes("20GB", 140 * GiB, 140 * GiB) == 20 * GiB
+    assert floors.floor_bytes("none", 140 * GiB, 140 * GiB) == 0
 
 
 def test_a_floor_above_the_hard_cap_is_refused_with_both_figures():
     with pytest.raises(ValueError, match="above the hard cap of 20.00 GiB"):
-        sharing.floor_bytes("30GB", 140 * GiB, 20 * GiB)
+        floors.floor_bytes("30GB", 140 * GiB, 20 * GiB)
 
 
 def test_a_gpu_uuid_that_cannot_name_a_file_is_refused():
@@ -57,8 +59,8 @@ def test_a_gpu_uuid_that_cannot_name_a_file_is_refused():
 
 
 def test_the_environment_list_checks_the_sharing_settings():
-    assert (sharing.FLOOR_VARIABLE, _env.floor) in _env.SETTINGS
-    assert (sharing.SHARE_VARIABLE, _env.share) in _env.SETTINGS
+    assert (floors.FLOOR_VARIABLE, environment.floor) in environment.SETTINGS
+    assert (floors.SHARE_VARIABLE, environment.share) in environment.SETTINGS
 
 
 def test_gpumem_info_prints_the_floor_a_setting_sets_on_each_device(fake_c, monkeypatch):

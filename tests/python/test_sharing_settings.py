@@ -14,12 +14,14 @@ import pytest
 
 from conftest import environment_without_gpumem_settings
 from fake_c import GiB, FakeC, use_fake_c
-from gpumem import _autoload, _monitoring, sharing
+from gpumem import _autoload, sharing
+from gpumem.monitoring import startup
+from gpumem.settings import floors
 
 # What a program reports once it has run: is gpumem loaded, what did the hook do, is it the allocator.
 REPORT = ("import json, sys; autoload = sys.modules.get('gpumem._autoload'); gpumem = sys.modules.get('gpumem'); "
           "print(json.dumps([getattr(autoload, 'state', None), bool(gpumem and gpumem.is_enabled())]))")
-FORMS = sharing.floor_forms()
+FORMS = floors.floor_forms()
 
 
 def python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -105,7 +107,7 @@ def hook(monkeypatch):
     monkeypatch.setattr(_autoload, "state", "not run")
     monkeypatch.setattr(sys, "argv", ["train.py"])
     fake.queued = []
-    monkeypatch.setattr(_monitoring.torch.cuda, "_lazy_call", fake.queued.append)
+    monkeypatch.setattr(startup.torch.cuda, "_lazy_call", fake.queued.append)
     return fake
 
 
@@ -280,6 +282,7 @@ def test_gpumem_info_checks_a_floor_on_the_devices_as_cuda_init_does(fake_c, mon
 FORKED = """
 import ctypes, os, subprocess, sys
 from gpumem import _C, sharing
+from gpumem.settings import floors
 
 table = sys.argv[1]
 member = _C.SimAllocator(8 << 30)

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from gpumem import _plain_data, snapshot_file
-from gpumem.snapshot_file import DEVICE_TOTALS_KEY, MAX_BYTES, MAX_DEVICES, SnapshotError, from_dict, load
+from gpumem.trace import plain_data, snapshot_file
+from gpumem.trace.snapshot_file import DEVICE_TOTALS_KEY, MAX_BYTES, MAX_DEVICES, SnapshotError, from_dict, load
 
 DATA = pathlib.Path(__file__).parent / "data"
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -98,7 +98,7 @@ CHILD = r"""
 import importlib.util, json, resource, sys
 module_path, snapshot_path, memory, max_size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-# The reader's modules alone (the two, and the words its messages use), without the gpumem package
+# The reader's modules alone (the two, and the echo and file reading they use), without the gpumem package
 # (and torch) they live in.
 def load_module(name, path):
     spec = importlib.util.spec_from_file_location(name, path)
@@ -106,8 +106,8 @@ def load_module(name, path):
     sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
-load_module("gpumem._words", module_path.replace("snapshot_file.py", "_words.py"))
-load_module("gpumem._plain_data", module_path.replace("snapshot_file.py", "_plain_data.py"))
+for name in ("settings.echo", "settings.files", "trace.plain_data"):
+    load_module("gpumem." + name, module_path.replace("trace/snapshot_file.py", name.replace(".", "/") + ".py"))
 module = load_module("snapshot_file", module_path)
 try:
     module.load(snapshot_path, max_size=max_size)
@@ -254,7 +254,7 @@ def test_the_reader_reads_no_more_than_the_size_the_file_had_when_opened(tmp_pat
 @pytest.mark.parametrize("name", sorted(p.stem for p in DATA.glob("*.pickle") if p.stem != "with_global"))
 def test_the_reader_reads_each_committed_snapshot_as_pickle_does(name):
     data = (DATA / f"{name}.pickle").read_bytes()
-    assert _plain_data.loads(data) == pickle.loads(data)
+    assert plain_data.loads(data) == pickle.loads(data)
 
 
 @pytest.mark.parametrize("content, problem", [
@@ -306,7 +306,7 @@ def test_a_memory_error_while_unpickling_is_a_snapshot_error(tmp_path, monkeypat
     def exhausted(reader):
         raise MemoryError
 
-    monkeypatch.setitem(_plain_data.OPCODES, pickle.EMPTY_DICT[0], (exhausted, 0))
+    monkeypatch.setitem(plain_data.OPCODES, pickle.EMPTY_DICT[0], (exhausted, 0))
     rejected(write(tmp_path, pickle.dumps(snapshot())), "too large to read: there is not the memory to hold its values")
 
 
@@ -314,7 +314,7 @@ def test_a_keyboard_interrupt_while_unpickling_is_not_caught(tmp_path, monkeypat
     def interrupted(reader):
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(_plain_data.OPCODES, pickle.EMPTY_DICT[0], (interrupted, 0))
+    monkeypatch.setitem(plain_data.OPCODES, pickle.EMPTY_DICT[0], (interrupted, 0))
     with pytest.raises(KeyboardInterrupt):
         load(write(tmp_path, pickle.dumps(snapshot())))
 
@@ -511,7 +511,7 @@ def test_torchs_in_memory_snapshot_shares_nothing_the_reader_walks(run_python):
     # torch 2.11 shares "frames" lists between events (85 of 238 in one run) and nothing else.
     result = run_python(
         """
-        from gpumem.snapshot_file import from_dict
+        from gpumem.trace.snapshot_file import from_dict
         torch.cuda.memory._record_memory_history(enabled="all")
         kept = [torch.empty(n << 20, device="cuda") for n in (1, 3, 1, 40, 2)]
         del kept[1:3]
@@ -538,8 +538,8 @@ def load_module(name, path):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
-load_module("gpumem._words", module_path.replace("snapshot_file.py", "_words.py"))
-load_module("gpumem._plain_data", module_path.replace("snapshot_file.py", "_plain_data.py"))
+for name in ("settings.echo", "settings.files", "trace.plain_data"):
+    load_module("gpumem." + name, module_path.replace("trace/snapshot_file.py", name.replace(".", "/") + ".py"))
 module = load_module("snapshot_file", module_path)
 outcome = {"read": 0, "refused": 0, "other": []}
 for n in range(count):

@@ -1,4 +1,4 @@
-"""`gpumem top` (gpumem.top) over a fake NVML and real files that gpumem.publish writes in tmp_path,
+"""`gpumem top` (gpumem.monitoring.top) over a fake NVML and real files that gpumem.monitoring.publish writes in tmp_path,
 and the publisher itself over a simulated device. No GPU, no driver: NVML is the seam top.open_nvml,
 /proc is the real one or a tree a test builds."""
 from __future__ import annotations
@@ -13,8 +13,11 @@ import types
 
 import pytest
 
-from gpumem import _C, _env, _monitoring, _nvml, _proc, cli, publish, top
-from gpumem import published as reading  # the name `published` is this file's helper
+from gpumem import _C, cli
+from gpumem.monitoring import nvml as _nvml, proc as _proc, publish, startup, top
+from gpumem.monitoring import published as reading  # the name `published` is this file's helper
+from gpumem.settings import environment
+from gpumem.settings.run_dir import RunDir, default_run_dir
 
 MiB, GiB = 1 << 20, 1 << 30
 UUID = "5e4f0c7a-1111-2222-3333-444455556666"
@@ -44,8 +47,8 @@ def gpu(index: int = 0, uuid: str = UUID, processes: dict | None = None) -> _nvm
 
 
 @pytest.fixture
-def run_dir(tmp_path) -> publish.RunDir:
-    where = publish.RunDir(str(tmp_path / "run"), chosen=True)
+def run_dir(tmp_path) -> RunDir:
+    where = RunDir(str(tmp_path / "run"), chosen=True)
     publish.prepare(where)
     return where
 
@@ -339,11 +342,11 @@ def test_the_default_run_dirs_are_each_users_own(tmp_path):
     (tmp_path / f"gpumem-{uid + 1}").mkdir()  # owned by this user, named for another: a plant
     (tmp_path / f"gpumem-{uid + 2}").symlink_to(tmp_path / f"gpumem-{uid}")
     (tmp_path / "other").mkdir()
-    assert reading.run_dirs(reading.default_run_dir(), base=str(tmp_path)) == [str(tmp_path / f"gpumem-{uid}")]
+    assert reading.run_dirs(default_run_dir(), base=str(tmp_path)) == [str(tmp_path / f"gpumem-{uid}")]
 
 
 def test_gpumem_run_dir_is_the_only_dir_read_when_set(tmp_path):
-    chosen = _env.run_dir({"GPUMEM_RUN_DIR": str(tmp_path / "shared")})
+    chosen = environment.run_dir({"GPUMEM_RUN_DIR": str(tmp_path / "shared")})
     assert reading.run_dirs(chosen, base=str(tmp_path)) == [str(tmp_path / "shared")]
 
 
@@ -684,25 +687,25 @@ def test_a_default_run_dir_another_user_could_enter_is_refused(tmp_path):
     path.mkdir(mode=0o755)
     path.chmod(0o755)
     with pytest.raises(PermissionError, match="is not a private directory of this user .* set GPUMEM_RUN_DIR"):
-        publish.prepare(publish.RunDir(str(path)))
+        publish.prepare(RunDir(str(path)))
 
 
 def test_a_default_run_dir_that_is_a_link_is_refused(tmp_path):
     (tmp_path / "elsewhere").mkdir(mode=0o700)
     (tmp_path / "gpumem-x").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(PermissionError, match="is not a private directory of this user"):
-        publish.prepare(publish.RunDir(str(tmp_path / "gpumem-x")))
+        publish.prepare(RunDir(str(tmp_path / "gpumem-x")))
 
 
 def test_a_missing_run_dir_is_made_private(tmp_path):
-    publish.prepare(publish.RunDir(str(tmp_path / "gpumem-x")))
+    publish.prepare(RunDir(str(tmp_path / "gpumem-x")))
     assert os.stat(tmp_path / "gpumem-x").st_mode & 0o777 == 0o700
 
 
 def test_a_run_dir_that_cannot_be_used_is_one_line_and_the_program_goes_on(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(publish, "_process_publisher", None)
+    monkeypatch.setattr(startup, "_process_publisher", None)
     (tmp_path / "file").write_text("")
-    assert publish.start_for_environment(publish.RunDir(str(tmp_path / "file" / "run"), chosen=True)) is None
+    assert startup.publish_for_environment(RunDir(str(tmp_path / "file" / "run"), chosen=True)) is None
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"gpumem: figures for `gpumem top` are not published in '{tmp_path}/file/run' (")
     assert line.endswith("the program goes on (GPUMEM_PUBLISH=0 turns publishing off).")
@@ -712,15 +715,15 @@ def test_a_run_dir_that_cannot_be_used_is_one_line_and_the_program_goes_on(tmp_p
 
 
 def test_publishing_is_on_by_default_in_the_default_run_dir():
-    assert _env.publish_dir({}) == publish.RunDir(f"/tmp/gpumem-{os.geteuid()}")
+    assert environment.publish_dir({}) == RunDir(f"/tmp/gpumem-{os.geteuid()}")
 
 
 def test_gpumem_publish_0_turns_publishing_off():
-    assert _env.publish_dir({"GPUMEM_PUBLISH": "0"}) is None
+    assert environment.publish_dir({"GPUMEM_PUBLISH": "0"}) is None
 
 
 def test_gpumem_run_dir_chooses_the_directory():
-    assert _env.publish_dir({"GPUMEM_RUN_DIR": "/srv/gpumem/"}) == publish.RunDir("/srv/gpumem", chosen=True)
+    assert environment.publish_dir({"GPUMEM_RUN_DIR": "/srv/gpumem/"}) == RunDir("/srv/gpumem", chosen=True)
 
 
 @pytest.mark.parametrize("variable, text, forms", [
@@ -730,7 +733,7 @@ def test_gpumem_run_dir_chooses_the_directory():
 ])
 def test_a_bad_publishing_setting_names_the_variable_and_the_accepted_forms(variable, text, forms):
     with pytest.raises(ValueError, match=rf"{variable}=.* cannot be applied: {re.escape(forms)}"):
-        _env.publish_dir({variable: text})
+        environment.publish_dir({variable: text})
 
 
 def test_a_bad_gpumem_publish_at_autoload_stops_the_program(hook_devices, stopped, monkeypatch):
@@ -743,8 +746,8 @@ def test_publishing_starts_when_cuda_starts_in_the_run_dir(hook_devices, monkeyp
     from gpumem import _autoload
 
     queued, started = [], []
-    monkeypatch.setattr(_monitoring.torch.cuda, "_lazy_call", queued.append)
-    monkeypatch.setattr(publish, "start_for_environment", started.append)
+    monkeypatch.setattr(startup.torch.cuda, "_lazy_call", queued.append)
+    monkeypatch.setattr(startup, "publish_for_environment", started.append)
     hook_devices("4GB")
     monkeypatch.setenv("GPUMEM_RUN_DIR", str(tmp_path))
     monkeypatch.delenv("GPUMEM_PUBLISH", raising=False)
@@ -752,14 +755,14 @@ def test_publishing_starts_when_cuda_starts_in_the_run_dir(hook_devices, monkeyp
     assert started == []
     [start] = queued
     start()
-    assert started == [publish.RunDir(str(tmp_path), chosen=True)]
+    assert started == [RunDir(str(tmp_path), chosen=True)]
 
 
 def test_with_gpumem_publish_0_nothing_is_queued_for_cuda_start(hook_devices, monkeypatch):
     from gpumem import _autoload
 
     queued = []
-    monkeypatch.setattr(_monitoring.torch.cuda, "_lazy_call", queued.append)
+    monkeypatch.setattr(startup.torch.cuda, "_lazy_call", queued.append)
     hook_devices("4GB")
     monkeypatch.setenv("GPUMEM_PUBLISH", "0")
     monkeypatch.delenv("GPUMEM_METRICS_PORT", raising=False)
@@ -767,7 +770,7 @@ def test_with_gpumem_publish_0_nothing_is_queued_for_cuda_start(hook_devices, mo
     assert queued == []
 
 
-# ---- whose figures: Note [whose figures] in gpumem.top --------------------------------------------
+# ---- whose figures: Note [whose figures] in gpumem.monitoring.top --------------------------------------------
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making a file another user owns needs root")
 OTHER_UID = 54321  # a user with no name on the machine: shown by its uid
@@ -778,9 +781,9 @@ def another_users(path) -> None:
 
 
 @pytest.fixture
-def planted_dir(tmp_path) -> publish.RunDir:
+def planted_dir(tmp_path) -> RunDir:
     """Another user's run directory, private to them."""
-    where = publish.RunDir(str(tmp_path / "planted"), chosen=True)
+    where = RunDir(str(tmp_path / "planted"), chosen=True)
     publish.prepare(where)
     return where
 
@@ -857,9 +860,9 @@ def test_a_gpumem_run_dir_others_may_write_to_without_the_sticky_bit_is_refused_
     where.mkdir(mode=0o777)
     os.chmod(where, 0o777)
     with pytest.raises(PermissionError, match="is writable by other users and not sticky"):
-        publish.prepare(publish.RunDir(str(where), chosen=True))
+        publish.prepare(RunDir(str(where), chosen=True))
     os.chmod(where, 0o1777)
-    publish.prepare(publish.RunDir(str(where), chosen=True))
+    publish.prepare(RunDir(str(where), chosen=True))
 
 
 @pytest.mark.parametrize("namespace", ["here", "elsewhere"])

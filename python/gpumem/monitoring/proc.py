@@ -1,5 +1,5 @@
 """What /proc says about a process: its start time, its pid namespace, the pids it has in nested
-namespaces, its uid, its user and its command. For gpumem.publish (a process's own identity) and gpumem.top
+namespaces, its uid, its user and its command. For gpumem.monitoring.publish (a process's own identity) and gpumem.monitoring.top
 (whether a published process is still the one that published).
 
 Every function takes the proc root (`proc`, "/proc" on Linux) as a value, so tests build a tree of

@@ -20,8 +20,9 @@ import time
 import warnings
 from typing import Iterable, Optional
 
-from gpumem import _C, _devices
-from gpumem._words import bounded, shown
+import gpumem._C as _C
+from gpumem.settings import devices as _devices
+from gpumem.settings.echo import bounded, shown
 
 _lock = threading.Lock()
 _recorder: Optional["_Recorder"] = None

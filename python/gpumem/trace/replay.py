@@ -39,9 +39,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from gpumem import _C, _limits, _segments, _sizes
-from gpumem._words import shown
-from gpumem.snapshot_file import Segment, Snapshot, Source, load
+import gpumem._C as _C
+from gpumem.settings import limits, segments as _segments, sizes as _sizes
+from gpumem.settings.echo import shown
+from gpumem.trace.snapshot_file import Segment, Snapshot, Source, load
 
 MiB = 1 << 20
 PAGE_SIZE = 2 * MiB  # the simulated device's mapping granularity for growable segments
@@ -95,7 +96,7 @@ class ReplayResult:
 
     def report(self):
         """This replay as a gpumem Report: its end state, peaks and timeline."""
-        from gpumem.reporting import Report
+        from gpumem.monitoring.reporting import Report
 
         origin = self.timeline[0][0] if self.timeline else 0
         return Report.from_stats({self.device: {
@@ -337,7 +338,7 @@ def _loaded(snapshot: Union[Snapshot, Source]) -> Snapshot:
 
 
 def _limit_bytes(limit: Limit, capacity: int) -> int:
-    nbytes = _limits.parse(_spec(limit), capacity)
+    nbytes = limits.parse(_spec(limit), capacity)
     return capacity if nbytes is None else nbytes
 
 
@@ -375,7 +376,7 @@ def _modelled(total: int, what: str, advice: str = "") -> int:
 def _absolute_bytes(limit: Limit) -> Optional[int]:
     """The limit in bytes when it does not depend on the device's size (not "50%" or "0.5")."""
     spec = _spec(limit)
-    sizes = {_limits.parse(spec, total) for total in _HUGE_TOTALS}
+    sizes = {limits.parse(spec, total) for total in _HUGE_TOTALS}
     return sizes.pop() if len(sizes) == 1 else None
 
 

@@ -19,38 +19,20 @@ the hysteresis is there to let through, and a training job's log handlers see lo
 from __future__ import annotations
 
 import logging
-import numbers
 import os
 import threading
 from typing import Callable, Optional
 
-from gpumem import _C, _sizes
+import gpumem._C as _C
+from gpumem.settings import sizes
+from gpumem.settings.pressure_share import check_share
 
 POLL_SECONDS = 0.1
 REARM_GAP = _C.PRESSURE_REARM_GAP  # the compiled layer's figure: one source for both
-SHARE_FORMS = "a share of the limit in (0, 1], such as 0.85"
 
 Callback = Callable[[int, int, int], object]
 
 _log = logging.getLogger("gpumem")
-
-
-def check_share(share: object) -> float:
-    """`share` as a float in (0, 1]; TypeError or ValueError naming it otherwise."""
-    if isinstance(share, bool) or not isinstance(share, numbers.Real):
-        raise TypeError(f"gpumem: pressure share {share!r:.40} ({type(share).__name__}) is not a number; "
-                        f"give {SHARE_FORMS}")
-    value = float(share)
-    if not 0.0 < value <= 1.0:  # NaN fails too
-        raise ValueError(f"gpumem: bad pressure share {share!r:.40}: give {SHARE_FORMS}")
-    return value
-
-
-def share_of_text(text: str) -> float:
-    """GPUMEM_WARN_AT's share; ValueError for anything but a number in (0, 1]."""
-    if len(text) > 32:
-        raise ValueError("too long for a share")
-    return check_share(float(text.strip()))
 
 
 class Watcher:
@@ -158,7 +140,7 @@ def warn_at(share: float) -> None:
     def warn(device: int, reserved: int, limit: int) -> None:
         _log.warning("gpumem: device %d has %s reserved, %s of its limit of %s (GPUMEM_WARN_AT=%g); the next "
                      "warning comes after reserved has fallen to %.0f%% of the limit or below",
-                     device, _sizes.format_bytes(reserved), _percent(reserved, limit), _sizes.format_bytes(limit),
+                     device, sizes.format_bytes(reserved), _percent(reserved, limit), sizes.format_bytes(limit),
                      share, 100 * low)
 
     on_pressure(share, warn)

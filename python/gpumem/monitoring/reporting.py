@@ -15,8 +15,9 @@ import html
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
-from gpumem import _C, _scope, _segments, _sizes
-from gpumem._words import shown
+import gpumem._C as _C
+from gpumem.settings import scope as _scope, segments as _segments, sizes
+from gpumem.settings.echo import shown
 
 OUTSIDE_NOTE = (
     "estimate: device used (total - free) minus reserved; the CUDA context, libraries and other "
@@ -162,7 +163,7 @@ class Report:
         if self.devices and all(d.simulated for d in self.devices):
             return ("a simulated device's timeline comes from a replay that walks a trace with events: "
                     "plot gpumem.replay.replay(snapshot, limit).report()")
-        from gpumem import timeline
+        from gpumem.monitoring import timeline
 
         stopped = timeline.error()
         if stopped is not None:
@@ -175,7 +176,9 @@ class Report:
 
 def collect(device=None) -> Report:
     """The report of gpumem's allocator in this process: every visible device, or `device`."""
-    from gpumem import _devices, timeline  # _devices imports torch; the rest of this module need not
+    # devices and timeline import torch; the rest of this module need not
+    from gpumem.monitoring import timeline
+    from gpumem.settings import devices as _devices
 
     indices = range(_C.device_count()) if device is None else [_devices.index(device)]
     per_device = {}
@@ -192,7 +195,7 @@ def collect(device=None) -> Report:
 
 
 def _size(n: Optional[int]) -> str:
-    return "unknown" if n is None else _sizes.format_bytes(int(n))
+    return "unknown" if n is None else sizes.format_bytes(int(n))
 
 
 def _rows(d: DeviceReport) -> list[tuple[str, str, str]]:

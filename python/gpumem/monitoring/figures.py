@@ -3,7 +3,7 @@ how it is read from the device's figures (`device_figures(device)` of gpumem._C 
 SimAllocator: reserved, limit, stats, outside, sharing, ...).
 
 The Prometheus metrics (gpumem.metrics), the file each process publishes for `gpumem top`
-(gpumem.publish, read back by gpumem.published) and top's JSON all derive from FIGURES, so a
+(gpumem.monitoring.publish, read back by gpumem.monitoring.published) and top's JSON all derive from FIGURES, so a
 figure cannot be in one view and missing from another, nor read two ways.
 
 Note [which reserved]

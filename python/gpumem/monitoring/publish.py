@@ -1,5 +1,5 @@
-"""Each gpumem process's figures in a small file, for `gpumem top` (gpumem.top) to read: the
-writer. What a file holds, and reading it back, are gpumem.published's.
+"""Each gpumem process's figures in a small file, for `gpumem top` (gpumem.monitoring.top) to read: the
+writer. What a file holds, and reading it back, are gpumem.monitoring.published's.
 
     /tmp/gpumem-1000/4242-9f3a61c0b27de845.json
 
@@ -15,7 +15,7 @@ it and it is not sticky. It is made 0700 if missing. Files are 0600, under a nam
 part that nobody can take first (Note [names nobody can take first] there).
 
 When. A daemon thread, `gpumem-publish`, started when the process first initializes CUDA (as the
-metrics endpoint, gpumem._monitoring: a launcher or a DataLoader worker publishes nothing), wakes
+metrics endpoint, gpumem.monitoring.startup: a launcher or a DataLoader worker publishes nothing), wakes
 every PUBLISH_SECONDS, reads the figures of the devices in use (existing_devices, stats and
 get_limit: one copy of the statistics per device, the allocator's lock held for the copy only, no
 CUDA call), and rewrites the file only when a figure changed: written to a temporary file in the
@@ -26,7 +26,7 @@ the process up (another pid namespace) tells a live one from one that was killed
 
 Stale files. The process removes its file at exit (atexit; a forked child leaves its parent's
 alone). A process killed outright leaves it behind: `gpumem top` removes it once the pid is gone or
-has another start time (Note [pid reuse] in gpumem._proc), or, for a process it cannot look up,
+has another start time (Note [pid reuse] in gpumem.monitoring.proc), or, for a process it cannot look up,
 once the file has not been touched for STALE_SECONDS.
 
 Errors. Publishing never stops the program: what goes wrong (the directory refused, a full disk)
@@ -35,7 +35,6 @@ GPUMEM_PUBLISH=0 turns it off.
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -46,14 +45,16 @@ import threading
 import time
 from typing import Callable, Optional
 
-from gpumem import _C, _figures, _proc, metrics, published
-from gpumem._words import relayed, shown_path
+import gpumem._C as _C
+from gpumem.monitoring import figures as _figures, metrics, proc, published
+from gpumem.settings.echo import relayed, shown_path
 # What a file holds and where it goes, the reader's to check as much as the writer's, are defined there.
-from gpumem.published import FORMAT, NAME_RANDOM_DIGITS, PUBLISH, RunDir, file_name
+from gpumem.monitoring.published import FORMAT, NAME_RANDOM_DIGITS, PUBLISH, file_name
+from gpumem.settings.run_dir import RunDir
 
 PUBLISH_SECONDS = 1.0
 HEARTBEAT_SECONDS = 10.0
-_TURN_OFF = "GPUMEM_PUBLISH=0 turns publishing off"
+TURN_OFF = "GPUMEM_PUBLISH=0 turns publishing off"
 
 
 def prepare(run_dir: RunDir, use: str = PUBLISH) -> None:
@@ -76,17 +77,17 @@ def prepare(run_dir: RunDir, use: str = PUBLISH) -> None:
 def own_identity(job: Optional[str] = None) -> dict:
     """What names this process in its file: pid, start time, pid namespace and job."""
     pid = os.getpid()
-    started = _proc.start_time(pid)
+    started = proc.start_time(pid)
     if started is None:
         raise OSError(f"/proc/{pid}/stat cannot be read, and without the start time a reused pid would pass "
                       "for this process")
-    return {"pid": pid, "start_time": started, "pid_namespace": _proc.pid_namespace(pid),
+    return {"pid": pid, "start_time": started, "pid_namespace": proc.pid_namespace(pid),
             "job": metrics.job_name() if job is None else job}
 
 
 def device_figures(source, fixed: Callable[[int], dict]) -> list[dict]:
     """The figures of each device in use that has held memory or refused some, as the file holds
-    them (gpumem._figures.PUBLISHED); `fixed(device)`: what does not change (uuid, device_total)."""
+    them (gpumem.monitoring.figures.PUBLISHED); `fixed(device)`: what does not change (uuid, device_total)."""
     devices = []
     for device in source.existing_devices():
         figures = source.device_figures(device, device_memory=False)  # no CUDA call
@@ -197,7 +198,7 @@ class Publisher:
     def _fail(self, error: Exception) -> None:
         self.stop()
         sys.stderr.write(f"gpumem: figures for `gpumem top` are no longer published ({relayed(error)}); the "
-                         f"program goes on ({_TURN_OFF}).\n")
+                         f"program goes on ({TURN_OFF}).\n")
 
 
 def write_atomically(path: str, payload: dict) -> None:
@@ -222,25 +223,3 @@ def _torch_uuid(device: int) -> Optional[str]:
         return str(torch.cuda.get_device_properties(device).uuid) if torch.cuda.is_initialized() else None
     except Exception:  # noqa: BLE001: the UUID helps `gpumem top` match devices; the pid still matches
         return None
-
-
-_process_publisher: Optional[Publisher] = None
-
-
-def start_for_environment(run_dir: RunDir) -> Optional[Publisher]:
-    """The process's publisher, started (once): gpumem._monitoring calls it at CUDA init. Never
-    raises: what stops it is one line on stderr, and None."""
-    global _process_publisher
-    if _process_publisher is not None and _process_publisher.owner == os.getpid():
-        return _process_publisher
-    try:
-        prepare(run_dir)
-        publisher = Publisher(run_dir)
-        publisher.start()
-    except Exception as error:  # noqa: BLE001: publishing must never stop the program
-        sys.stderr.write(f"gpumem: figures for `gpumem top` are not published in {shown_path(run_dir.path)} "
-                         f"({relayed(error)}); the program goes on ({_TURN_OFF}).\n")
-        return None
-    atexit.register(publisher.stop)
-    _process_publisher = publisher
-    return publisher

@@ -11,8 +11,8 @@ from typing import Union
 
 import torch
 
-from gpumem import _C
-from gpumem._words import shown
+import gpumem._C as _C
+from gpumem.settings.echo import shown
 
 Device = Union[int, str, torch.device, None]
 

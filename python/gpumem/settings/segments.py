@@ -8,10 +8,10 @@ The allocator takes a bool (growable or not); the names live here, once.
 """
 from __future__ import annotations
 
-from gpumem import _words
+from gpumem.settings import words
 
 GROWABLE, PLAIN = "growable", "plain"
-FORMS = _words.forms((GROWABLE, PLAIN))
+FORMS = words.forms((GROWABLE, PLAIN))
 
 
 def growable(kind: str) -> bool:
@@ -20,7 +20,7 @@ def growable(kind: str) -> bool:
     Anything else raises, naming the value and the accepted forms: ValueError for a string,
     TypeError for another type.
     """
-    return _words.one_of(kind, (GROWABLE, PLAIN), "segment kind") == GROWABLE
+    return words.one_of(kind, (GROWABLE, PLAIN), "segment kind") == GROWABLE
 
 
 def kind(growable_on: bool) -> str:

@@ -5,9 +5,9 @@
     gpumem top --json          one JSON document (one a line per refresh, with --watch)
 
 Two sources, joined by pid:
-  - NVML (gpumem._nvml): per GPU, each process with a context on it, and the memory the driver
+  - NVML (gpumem.monitoring.nvml): per GPU, each process with a context on it, and the memory the driver
     counts for it (its context and every allocator's memory: gpumem's reserved among them);
-  - the files gpumem processes publish (gpumem.publish writes them, gpumem.published reads them): per device in use, the limit, allocated,
+  - the files gpumem processes publish (gpumem.monitoring.publish writes them, gpumem.monitoring.published reads them): per device in use, the limit, allocated,
     reserved, their peaks and the out-of-memory errors by case.
 A published device is matched to NVML's GPU by UUID (where its UUID names no GPU, as for a MIG
 instance, by the only GPU NVML lists the pid on, if the process has one device). A row is marked
@@ -41,7 +41,7 @@ Note [whose figures]
 Note [stale entries]
   A published file whose process ended without removing it (killed) is left out and removed. For a
   process of this pid namespace that is certain: its pid is gone or has another start time (Note
-  [pid reuse] in gpumem._proc). A process of another namespace that cannot be found from here
+  [pid reuse] in gpumem.monitoring.proc). A process of another namespace that cannot be found from here
   (a container's, with top inside another container) may be alive: its file counts as stale once
   its publisher has not touched it for published.STALE_SECONDS. A file written again since it was
   read (a new process with the pid) is not removed.
@@ -55,8 +55,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from gpumem import _figures, _nvml, _proc, _scope, _sizes, published
-from gpumem._words import shown, shown_path
+from gpumem.monitoring import figures as _figures, nvml as _nvml, proc as _proc, published
+from gpumem.settings import scope, sizes
+from gpumem.settings.echo import shown, shown_path
+from gpumem.settings.run_dir import RunDir
 
 WARN_AT = 0.85
 CLOCK_SLACK_SECONDS = 2.0  # a file written while the view is made is a little ahead of its time
@@ -130,7 +132,7 @@ def _read(run_dirs: list[str], now: float) -> tuple[list, list[str]]:
     for directory in run_dirs:
         try:
             # chosen: a default directory was found by its owner already (published.run_dirs)
-            problem = published.run_dir_problem(published.RunDir(directory, chosen=True), published.READ)
+            problem = published.run_dir_problem(RunDir(directory, chosen=True), published.READ)
             if problem is not None:
                 problems.append(f"{shown_path(directory)} {problem}")
                 continue
@@ -317,7 +319,7 @@ def _note(row: Row) -> str:
         notes.append("not in NVML's list")
     if row.figures is not None and row.gpu is None:
         notes.append(f"its device {row.figures['index']}, GPU not identified")
-    if row.figures is not None and row.figures["scope"] == _scope.PROCESS:
+    if row.figures is not None and row.figures["scope"] == scope.PROCESS:
         notes.append(f"limit on the whole process, {_size(row.figures['outside'])} outside gpumem")
     return "; ".join(notes)
 
@@ -344,7 +346,7 @@ def _aligned(rows: list[tuple[str, ...]], right: frozenset = frozenset(_RIGHT)) 
 
 
 def _size(n: Optional[int]) -> str:
-    return "-" if n is None else _sizes.format_bytes(n)
+    return "-" if n is None else sizes.format_bytes(n)
 
 
 def _number(n: Optional[int]) -> str:
@@ -386,7 +388,7 @@ def _row_document(row: Row) -> dict:
 
 def _figures_document(row: Row) -> dict:
     f = row.figures
-    # Every published figure, named as its metric is (gpumem._figures).
+    # Every published figure, named as its metric is (gpumem.monitoring.figures).
     published_figures = {figure.document: _copy(f[figure.key]) for figure in _figures.PUBLISHED}
     return {"device": f["index"], "no_limit": _no_limit(f), **published_figures, "scope": f["scope"],
             "sharing": bool(f.get("sharing")), "share_of_limit": row.share, "past_warn_at": row.past}

@@ -8,13 +8,13 @@ it serve_metrics and Collector raise MetricsUnavailable, an ImportError that say
 are read at each scrape, per device in use: reserved and the limit without the allocator's lock,
 the rest from one copy of the statistics; every sample carries the labels device, pid and job
 (GPUMEM_JOB, else the program's name; any text, escaped by label_value). A device nobody has used yet is not reported: asking it
-would start CUDA. The metrics are the figures of gpumem._figures, which `gpumem top` shows too; their
+would start CUDA. The metrics are the figures of gpumem.monitoring.figures, which `gpumem top` shows too; their
 meanings are listed in docs/monitoring.md.
 
-GPUMEM_METRICS_PORT (see serve_for_environment) is a base port: each process serves on
+GPUMEM_METRICS_PORT (see startup.serve_metrics_for_environment) is a base port: each process serves on
 (base + LOCAL_RANK), LOCAL_RANK 0 when unset, so the ranks of a torchrun job on one node take
 consecutive ports, at GPUMEM_METRICS_ADDR (default 127.0.0.1: this machine only; 0.0.0.0 for a
-container whose port is published, which opens the figures to whoever reaches it). gpumem._monitoring opens it when the process first initializes CUDA, so a
+container whose port is published, which opens the figures to whoever reaches it). gpumem.monitoring.startup opens it when the process first initializes CUDA, so a
 launcher (torchrun itself) and DataLoader workers, which never do, hold no port. What stops it (the port in use,
 prometheus_client missing) is one line on stderr, and the program goes on: the cap matters more
 than the metrics.
@@ -22,30 +22,21 @@ than the metrics.
 from __future__ import annotations
 
 import errno
-import ipaddress
 import os
-import re
-import socket
 import sys
 from typing import Mapping, Optional, Sequence
 
-from gpumem import _C, _figures, _http
-from gpumem._words import shown
+import gpumem._C as _C
+from gpumem.monitoring import figures as _figures, http_server
+from gpumem.settings import metrics_endpoint as endpoint
 
 JOB_VARIABLE = "GPUMEM_JOB"
-RANK_VARIABLE = "LOCAL_RANK"
-DEFAULT_ADDR = "127.0.0.1"
-PORT_FORMS = "a port number in 1..65535 (each process serves on it plus LOCAL_RANK)"
-ADDR_FORMS = ("an address to listen on: an IPv4 address of this machine as four numbers 0..255 without leading "
-              "zeros, such as 127.0.0.1 (the default: this machine only) or 0.0.0.0 (every interface: the network), "
-              "an IPv6 address without brackets (:: or ::1), or a host name such as localhost (not all numbers)")
-_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 _LABELS = ("device", "pid", "job")
 _MAX_LABEL = 128
 _TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 _INSTALL = "pip install prometheus_client (or pip install 'gpumem[metrics]')"
 
-# Every metric but the pressure crossings is a figure of gpumem._figures, read from one device's
+# Every metric but the pressure crossings is a figure of gpumem.monitoring.figures, read from one device's
 # figures; the crossings are counted per watched share.
 METRICS = (*_figures.FIGURES, _figures.PRESSURE_CROSSINGS)
 OOM_CASES = _figures.OOM_CASES
@@ -121,7 +112,7 @@ def _device_samples(figures: dict):
 class MetricsServer:
     """An endpoint serve_metrics opened: `addr`, `port` (the one bound, for a port of 0), `close()`."""
 
-    def __init__(self, server: _http.Server, addr: str):
+    def __init__(self, server: http_server.Server, addr: str):
         self._server = server
         self.addr, self.port = addr, server.port
 
@@ -138,16 +129,16 @@ class MetricsServer:
         return f"<gpumem MetricsServer http://{self.addr}:{self.port}/metrics>"
 
 
-def serve_metrics(port: int, addr: str = DEFAULT_ADDR) -> MetricsServer:
+def serve_metrics(port: int, addr: str = endpoint.DEFAULT_ADDR) -> MetricsServer:
     """Serves gpumem's metrics at http://addr:port/metrics from a daemon thread, and returns the server.
 
     `port` is in 0..65535 (0: any free port; read the returned server's .port). `addr` 127.0.0.1 keeps
     the endpoint on the machine; "0.0.0.0" opens it to the network. One thread serves every client,
-    each with 10 seconds in all (gpumem._http, Note [stalled clients]). Starts no CUDA. Raises
+    each with 10 seconds in all (gpumem.monitoring.http_server, Note [stalled clients]). Starts no CUDA. Raises
     MetricsUnavailable (an ImportError) without prometheus_client, TypeError or ValueError for a bad
     port or address, and OSError naming the address when it cannot be bound (a port in use).
     """
-    port, addr = _checked_port(port), _checked_addr(addr)
+    port, addr = endpoint.checked_port(port), endpoint.checked_addr(addr)
     client = _prometheus()
     registry = client.CollectorRegistry(auto_describe=False)
     registry.register(Collector())
@@ -158,7 +149,7 @@ def serve_metrics(port: int, addr: str = DEFAULT_ADDR) -> MetricsServer:
         return 200, _TEXT_FORMAT, client.generate_latest(registry)
 
     try:
-        server = _http.Server(addr, port, answer, name="gpumem-metrics")
+        server = http_server.Server(addr, port, answer, name="gpumem-metrics")
     except OSError as error:
         advice = ("; another process (another rank?) may hold the port: pick another"
                   if error.errno == errno.EADDRINUSE else "")
@@ -178,82 +169,3 @@ def label_value(text: str) -> str:
     most _MAX_LABEL characters. prometheus_client then escapes backslashes and quotes as the text
     format wants."""
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text[:_MAX_LABEL])[:_MAX_LABEL]
-
-
-def port_of_text(text: str) -> int:
-    """GPUMEM_METRICS_PORT's base port; ValueError for anything but a number in 1..65535."""
-    text = text.strip()
-    if not (text.isascii() and text.isdigit() and len(text) <= 5 and 1 <= int(text) <= 65535):
-        raise ValueError(f"bad port; give {PORT_FORMS}")
-    return int(text)
-
-
-def addr_of_text(text: str) -> str:
-    """GPUMEM_METRICS_ADDR's address, as the endpoint binds it; ValueError for anything but an IP
-    address or a host name. Note [one address, one spelling]"""
-    text = text.strip()
-    try:
-        return str(ipaddress.ip_address(text))  # IPv4 in four decimal parts; IPv6 shortened
-    except ValueError:
-        if _HOST_NAME.fullmatch(text) is None or _read_as_ipv4(text) or text.rsplit(".", 1)[-1].isdigit():
-            raise ValueError(f"bad address; give {ADDR_FORMS}") from None
-    return text
-
-
-# Note [one address, one spelling]
-#   The resolver (getaddrinfo, which binds the endpoint) reads more than the dotted quad as an IPv4
-#   address: "0", "00", "0x0" and "127.1" are 0.0.0.0 and 127.0.0.1 to it, so a value that looks
-#   like a host name, or like a number, could listen on every interface while `gpumem info` shows
-#   '0'. An address is taken only in the one form ipaddress reads (four decimal parts, none with a
-#   leading zero), and shown and bound as ipaddress writes it; a host name is taken only where the
-#   resolver cannot read it as an address (inet_aton refuses it, and its last label is not all
-#   digits, as RFC 1123 requires of a host name).
-def _read_as_ipv4(text: str) -> bool:
-    try:
-        socket.inet_aton(text)
-    except OSError:
-        return False
-    return True
-
-
-def serve_for_environment(base: int, environ: Mapping[str, str] = os.environ,
-                          addr: str = DEFAULT_ADDR) -> Optional[MetricsServer]:
-    """GPUMEM_METRICS_PORT's endpoint: addr (GPUMEM_METRICS_ADDR's, else 127.0.0.1), port base +
-    LOCAL_RANK. Never raises: what stops it is one line on stderr, and None."""
-    try:
-        port = base + _local_rank(environ)
-        if port > 65535:
-            raise ValueError(f"port {port} is above 65535")
-        return serve_metrics(port, addr)
-    except Exception as error:  # noqa: BLE001: the metrics must never stop the program
-        reason = str(error).removeprefix("gpumem: ")
-        sys.stderr.write(f"gpumem: GPUMEM_METRICS_PORT={base}: no metrics are served ({reason}); "
-                         "the program goes on without them.\n")
-        return None
-
-
-def _local_rank(environ: Mapping[str, str]) -> int:
-    text = environ.get(RANK_VARIABLE)
-    if text is None:
-        return 0
-    if not (text.strip().isascii() and text.strip().isdigit() and len(text) <= 5):
-        raise ValueError(f"{RANK_VARIABLE}={shown(text)} is not a number of 0 or more")
-    return int(text)
-
-
-def _checked_port(port: object) -> int:
-    if isinstance(port, bool) or not isinstance(port, int):
-        raise TypeError(f"gpumem: metrics port {shown(port)} ({type(port).__name__}) is not an int; give 0..65535")
-    if not 0 <= port <= 65535:
-        raise ValueError(f"gpumem: bad metrics port {port}: give 0..65535 (0: any free port)")
-    return port
-
-
-def _checked_addr(addr: object) -> str:
-    if not isinstance(addr, str) or not addr or len(addr) > 255:
-        raise TypeError(f"gpumem: metrics address {addr!r:.80} is not a host name or IP address; give e.g. "
-                        "'127.0.0.1' or '0.0.0.0'")
-    try:
-        return addr_of_text(addr)
-    except ValueError:
-        raise ValueError(f"gpumem: bad metrics address {shown(addr)}: give {ADDR_FORMS}") from None

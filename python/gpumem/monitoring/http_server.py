@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from gpumem._words import bounded
+from gpumem.settings.echo import bounded
 
 BACKLOG = 128
 CONNECTION_SECONDS = 10.0

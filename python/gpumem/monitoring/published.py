@@ -1,4 +1,4 @@
-"""The files gpumem processes publish for `gpumem top` (gpumem.publish writes them): where they
+"""The files gpumem processes publish for `gpumem top` (gpumem.monitoring.publish writes them): where they
 are, what they hold, and reading them back, every file taken as hostile.
 
 A file is <run dir>/<pid>-<16 hex digits>.json (the digits random, so that nobody can take the name
@@ -11,7 +11,7 @@ MAX_FILE_BYTES, of FORMAT:
      "limit": 21474836480, "outside": 0, "ooms": {"over_limit": 0, "device_full": 0, "fragmentation": 0},
      "floor": 0, "borrowed": 0, "given_back": 0, "asks_served": 0, "scope": "allocator", "sharing": false}]}
 
-A device's figures are those of gpumem._figures.PUBLISHED, under their keys, read as that list
+A device's figures are those of gpumem.monitoring.figures.PUBLISHED, under their keys, read as that list
 says (reserved is the cap's: Note [which reserved] there). "scope" is what the limit bounds
 ("process": the whole process, as gpumem.set_limit's scope) and "outside" the process's memory
 outside gpumem counted against it (0 under "allocator"); a file without them, or without the
@@ -25,7 +25,7 @@ every text short.
 
 Note [trusting a run directory]
   One rule, run_dir_problem, for every use of a run directory: `gpumem top` reading it (READ),
-  a process publishing its figures in it (PUBLISH, gpumem.publish) and the tables of GPUs shared
+  a process publishing its figures in it (PUBLISH, gpumem.monitoring.publish) and the tables of GPUs shared
   with other processes (SHARE, gpumem.sharing; the compiled layer opens the table where it is told).
     READ     a directory. One that users besides its owner may write to must be sticky, as /tmp
              is: without the bit any of them could remove or replace a process's files. A default
@@ -61,13 +61,14 @@ import stat
 from dataclasses import dataclass
 from typing import Optional
 
-from gpumem import _figures, _scope
-from gpumem._words import relayed, shown_path
-from gpumem.snapshot_file import read_at_most
+from gpumem.monitoring import figures
+from gpumem.settings import scope as _scope
+from gpumem.settings.echo import relayed, shown_path
+from gpumem.settings.files import read_at_most
+from gpumem.settings.run_dir import RUN_DIR_BASE, RunDir
 
 FORMAT = 1
-STALE_SECONDS = 60.0  # six heartbeats (gpumem.publish.HEARTBEAT_SECONDS) missed
-RUN_DIR_BASE = "/tmp"
+STALE_SECONDS = 60.0  # six heartbeats (gpumem.monitoring.publish.HEARTBEAT_SECONDS) missed
 MAX_FILE_BYTES = 1 << 16  # a file holds a few hundred bytes per device
 MAX_FILES = 4096  # per run directory, read by `gpumem top`
 MAX_DEVICES = 64
@@ -78,18 +79,6 @@ NAME = re.compile(rf"([0-9]{{1,10}}){_RANDOM_PART}\.json")
 TEMPORARY = re.compile(rf"\.[0-9]{{1,10}}{_RANDOM_PART}\.json\..*\.tmp")  # what publish.write_atomically leaves
 READ, PUBLISH, SHARE = "read", "publish", "share"  # the uses of a run directory (run_dir_problem)
 _DEFAULT_DIR = re.compile(r"gpumem-([0-9]{1,10})")
-
-
-@dataclass(frozen=True)
-class RunDir:
-    """Where the files go: `path`, and whether GPUMEM_RUN_DIR chose it (else it is the default,
-    which must be the user's own)."""
-    path: str
-    chosen: bool = False
-
-
-def default_run_dir() -> RunDir:
-    return RunDir(os.path.join(RUN_DIR_BASE, f"gpumem-{os.geteuid()}"))
 
 
 def file_name(pid: int, random_part: str) -> str:
@@ -245,14 +234,14 @@ def _checked(data: object, pid: int) -> dict:
 def _checked_device(data: object) -> dict:
     if not isinstance(data, dict):
         raise ValueError("a device is not an object")
-    for figure in _figures.PUBLISHED:  # the shape first, then the values
+    for figure in figures.PUBLISHED:  # the shape first, then the values
         if figure.label_values and not isinstance(data.get(figure.key), dict):
             raise ValueError(f"a device's {figure.key} is not an object")
     total = data.get("device_total")
     checked = {"index": _count(data.get("index"), "index", MAX_DEVICES - 1),
                "uuid": _text(data.get("uuid"), "uuid", optional=True),
                "device_total": None if total is None else _count(total, "device_total")}
-    checked.update({figure.key: _checked_figure(figure, data) for figure in _figures.PUBLISHED})
+    checked.update({figure.key: _checked_figure(figure, data) for figure in figures.PUBLISHED})
     scope = data.get("scope", _scope.ALLOCATOR)
     if scope not in (_scope.ALLOCATOR, _scope.PROCESS):
         raise ValueError(f"scope is not {_scope.FORMS}")
@@ -264,7 +253,7 @@ def _checked_device(data: object) -> dict:
     return checked
 
 
-def _checked_figure(figure: _figures.Figure, data: dict):
+def _checked_figure(figure: figures.Figure, data: dict):
     """A figure as a file holds it: a count, or for a figure with one count per label value (the
     OOMs by case), an object with a count for each value."""
     if figure.label_values:

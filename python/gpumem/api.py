@@ -4,7 +4,7 @@ arguments before it asks for a device: a typo is reported as one on a machine wi
 Errors, the same in every call: a bad value raises ValueError (TypeError for a value of the wrong
 type) naming it and the accepted forms; a device that does not exist where others do, ValueError
 naming the ones there are; no CUDA device visible at all, RuntimeError ("gpumem: no CUDA device
-is visible to this process"; its class is gpumem._devices.NoDeviceError); PyTorch's own allocator
+is visible to this process"; its class is gpumem.settings.devices.NoDeviceError); PyTorch's own allocator
 already in use, RuntimeError saying how to enable gpumem first.
 """
 from __future__ import annotations
@@ -16,10 +16,13 @@ from typing import Optional
 
 import torch
 
-from gpumem import _C, _devices, _env, _limits, _monitoring, _scope, _segments, _torch_hooks, sharing
-from gpumem._devices import Device
-from gpumem._limits import Limit
-from gpumem._words import shown
+import gpumem._C as _C
+from gpumem import _torch_hooks, sharing
+from gpumem.monitoring import startup
+from gpumem.settings import devices as _devices, environment, floors, limits as _limits, scope as _scope, segments
+from gpumem.settings.devices import Device
+from gpumem.settings.echo import shown
+from gpumem.settings.limits import Limit
 
 # Installing and applying GPUMEM_LIMIT and GPUMEM_SEGMENTS happen once; a set_limit or set_segments
 # racing with it must come after.
@@ -55,7 +58,7 @@ def set_limit(limit: Limit, device: Device = None, scope: Optional[str] = None, 
     spec = _limits.spec_of(limit)
     _limits.check_syntax(spec)
     floor_spec = None if floor is None else _limits.spec_of(floor)
-    if floor_spec is not None and floor_spec.strip().lower() not in sharing.NO_FLOOR:
+    if floor_spec is not None and floor_spec.strip().lower() not in floors.NO_FLOOR:
         _limits.check_syntax(floor_spec)
     scope = None if scope is None else _scope.scope(scope)
     with _lock:
@@ -67,7 +70,7 @@ def set_limit(limit: Limit, device: Device = None, scope: Optional[str] = None, 
             for index in limits:
                 _C.set_scope(index, scope)
     if floor_spec is not None:
-        floors = {index: sharing.floor_bytes(floor_spec, _devices.total(index), _C.get_limit(index)) for index in limits}
+        floors = {index: floors.floor_bytes(floor_spec, _devices.total(index), _C.get_limit(index)) for index in limits}
         for index, nbytes in floors.items():
             sharing.join(index)
             sharing.set_floor(index, nbytes)
@@ -94,7 +97,7 @@ def set_segments(kind: str, device: Device = None) -> None:
     as PyTorch's CUDA allocator (GPUMEM_LIMIT and GPUMEM_SEGMENTS apply first, then this kind).
     A bad kind raises and changes nothing.
     """
-    growable = _segments.growable(kind)
+    growable = segments.growable(kind)
     with _lock:
         _refuse_if_torch_allocator_in_use()
         devices = _devices.targets(device)
@@ -108,7 +111,7 @@ def get_segments(device: Device = None) -> str:
 
     "plain" where growable segments were asked for but the device cannot map pages.
     """
-    return _segments.kind(_C.get_growable(_devices.index(device)))
+    return segments.kind(_C.get_growable(_devices.index(device)))
 
 
 def enable() -> None:
@@ -178,10 +181,10 @@ def _enable_locked() -> None:
     _refuse_if_torch_allocator_in_use()
     # Touches no CUDA: the compiled layer applies GPUMEM_LIMIT and GPUMEM_SEGMENTS (and torch's own
     # allocator settings) when the devices are first used, before any later gpumem call.
-    text, growable, view = _env.limit_text(), _env.segments(), _env.mem_info_view()
-    warn_at, metrics_port, publish_dir = _env.warn_at(), _env.metrics_port(), _env.publish_dir()
-    metrics_addr, share = _env.metrics_addr(), _env.sharing_asked()
-    _C.install(text, growable, _env.scope())
+    text, growable, view = environment.limit_text(), environment.segments(), environment.mem_info_view()
+    warn_at, metrics_port, publish_dir = environment.warn_at(), environment.metrics_port(), environment.publish_dir()
+    metrics_addr, share = environment.metrics_addr(), environment.sharing_asked()
+    _C.install(text, growable, environment.scope())
     _torch_hooks.install()
     if growable is not None:
         _torch_hooks.fixed["segments"] = True
@@ -189,7 +192,7 @@ def _enable_locked() -> None:
         _torch_hooks.set_view(view)
     if share:  # queued first: while it raises, CUDA init stops before the monitoring starts
         sharing.start_at_cuda_init()
-    _monitoring.start(warn_at, metrics_port, publish_dir, metrics_addr)
+    startup.start(warn_at, metrics_port, publish_dir, metrics_addr)
 
 
 def _refuse_if_torch_allocator_in_use() -> None:

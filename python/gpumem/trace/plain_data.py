@@ -14,7 +14,7 @@ import pickletools
 import struct
 from typing import Any, Callable, Optional
 
-from gpumem._words import SHOWN_LENGTH, shown
+from gpumem.settings.echo import SHOWN_LENGTH, shown
 
 class BadPickle(ValueError):
     """A pickle the reader cannot read as plain data; the message says why."""

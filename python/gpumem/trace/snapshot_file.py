@@ -22,13 +22,13 @@ in it. What the reader refuses:
   to test, so any text file could pass for one, and they are refused;
 - any pickle opcode but those Python writes for plain data: so no global (a class or function,
   which loading could call), no set, no persistent id. The pickle is read by the small reader
-  in _plain_data, not by pickle.Unpickler, which can be made to allocate gigabytes by a ten-byte file (a
+  in plain_data, not by pickle.Unpickler, which can be made to allocate gigabytes by a ten-byte file (a
   memo index far past the values stored) or to hash for ever (a dict key that is a tuple built
   from shared references). Dict keys must be strings, bytes, floats, None, booleans or integers of
   at most 64 bits; their hashes then cost at most their size, once. The reader reads the file as
   it goes, a MiB at a time, so a file that goes wrong at byte 2 is refused after reading one; and it
   refuses a pickle whose values would take more than 48 bytes of memory per byte of the file
-  (Note [memory] in _plain_data: the pickler's own output takes at most 44), so reading a file of
+  (Note [memory] in plain_data: the pickler's own output takes at most 44), so reading a file of
   the default cap's size takes at most some 12 GiB;
 - a container the reader walks (the trace of a device, an event, the segment list, a segment, a
   block list, a block) that is the same object as one walked already: shared references could
@@ -58,7 +58,8 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional, Union
 
-from gpumem._plain_data import BadPickle, PlainReader, Refused, TooLarge, describe
+from gpumem.settings.files import read_at_most
+from gpumem.trace.plain_data import BadPickle, PlainReader, Refused, TooLarge, describe
 
 ACTIONS = frozenset(
     {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
@@ -183,7 +184,6 @@ def from_dict(data: Any, source: str = "<snapshot>") -> Snapshot:
 # ---- reading the file ---------------------------------------------------------------------------
 
 _HEADER = 2  # PROTO and its version, which every pickle of protocol 2 to 5 starts with
-_CHUNK = 1 << 24
 _NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                 (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 _RAISE_CAP = "a larger one is max_size of gpumem.snapshot_file.load, --max-size of gpumem replay"
@@ -218,18 +218,6 @@ def _regular_size(fd: int, name: str) -> int:
     if not stat.S_ISREG(info.st_mode):
         raise SnapshotError(f"{name}: is not a regular file, so not a snapshot file")
     return info.st_size
-
-
-def read_at_most(fd: int, count: int) -> bytes:
-    """Up to `count` bytes from `fd`, fewer at its end, in chunks: a bound on what one read can cost."""
-    chunks = []
-    while count > 0:
-        chunk = os.read(fd, min(count, _CHUNK))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        count -= len(chunk)
-    return b"".join(chunks)
 
 
 def _check_header(header: bytes, name: str) -> None:

@@ -7,8 +7,8 @@ same form goes on in TiB, worked out here with integers. A count past any meanin
 """
 from __future__ import annotations
 
-from gpumem import _C
-from gpumem._words import shown
+import gpumem._C as _C
+from gpumem.settings.echo import shown
 
 _TIB = 1 << 40
 _DIGITS_SHOWN_BITS = 128  # past this many bits of TiB, a count is written as a power of two

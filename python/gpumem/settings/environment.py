@@ -7,7 +7,7 @@
     GPUMEM_WARN_AT   a warning each time reserved passes this share of the limit (gpumem.pressure)
     GPUMEM_METRICS_PORT  Prometheus metrics on this port plus LOCAL_RANK (gpumem.metrics)
     GPUMEM_METRICS_ADDR  ... at this address (default 127.0.0.1: this machine only)
-    GPUMEM_PUBLISH   "0": no figures published for `gpumem top` (default "1"; gpumem.publish)
+    GPUMEM_PUBLISH   "0": no figures published for `gpumem top` (default "1"; gpumem.monitoring.publish)
     GPUMEM_RUN_DIR   where they are published, and read (default /tmp/gpumem-<uid>)
     GPUMEM_SHARE     "on": share the GPU with other gpumem processes (gpumem.sharing)
     GPUMEM_FLOOR     a floor that they leave this process: "20GB", or per device "0:20GB,1:8GB"
@@ -21,8 +21,12 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional, Sequence
 
-from gpumem import _C, _limits, _scope, _segments, _torch_hooks, metrics, pressure, published, sharing
-from gpumem._words import bounded, not_utf8, shown
+import gpumem._C as _C
+from gpumem.settings import (floors, limits, mem_info, metrics_endpoint, pressure_share, scope as _scope,
+                             segments as _segments)
+from gpumem.settings.echo import bounded, shown
+from gpumem.settings.run_dir import RunDir, default_run_dir
+from gpumem.settings.words import not_utf8
 
 VARIABLE = "GPUMEM_LIMIT"
 SEGMENTS_VARIABLE = "GPUMEM_SEGMENTS"
@@ -67,9 +71,9 @@ def resolve_limit(text: str, totals: Optional[Sequence[int]] = None) -> Optional
         if totals is not None:
             return _C.resolve_limit_text(text, list(totals))
         for _, spec in _C.parse_limit_assignments(text):
-            _limits.check_syntax(spec)
+            limits.check_syntax(spec)
     except _C.LimitSpecError as error:
-        raise SettingError(VARIABLE, text, _limits.reason(error)) from None
+        raise SettingError(VARIABLE, text, limits.reason(error)) from None
     return None
 
 
@@ -88,26 +92,26 @@ def scope(environ: Mapping[str, str] = os.environ) -> Optional[str]:
 def mem_info_view(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     """GPUMEM_MEM_INFO's view of torch.cuda.mem_get_info; None when it is unset. A bad value raises
     SettingError as segments() does."""
-    return _setting(environ, MEM_INFO_VARIABLE, _torch_hooks.view_of, _torch_hooks.VIEW_FORMS)
+    return _setting(environ, MEM_INFO_VARIABLE, mem_info.view, mem_info.FORMS)
 
 
 def warn_at(environ: Mapping[str, str] = os.environ) -> Optional[float]:
     """GPUMEM_WARN_AT's share of the limit; None when unset. A bad value raises as segments() does."""
-    return _setting(environ, WARN_AT_VARIABLE, pressure.share_of_text, pressure.SHARE_FORMS)
+    return _setting(environ, WARN_AT_VARIABLE, pressure_share.share_of_text, pressure_share.SHARE_FORMS)
 
 
 def metrics_port(environ: Mapping[str, str] = os.environ) -> Optional[int]:
     """GPUMEM_METRICS_PORT's base port; None when unset. A bad value raises as segments() does."""
-    return _setting(environ, METRICS_PORT_VARIABLE, metrics.port_of_text, metrics.PORT_FORMS)
+    return _setting(environ, METRICS_PORT_VARIABLE, metrics_endpoint.port_of_text, metrics_endpoint.PORT_FORMS)
 
 
 def metrics_addr(environ: Mapping[str, str] = os.environ) -> str:
     """GPUMEM_METRICS_ADDR's address, else 127.0.0.1. A bad value raises as segments() does."""
-    addr = _setting(environ, METRICS_ADDR_VARIABLE, metrics.addr_of_text, metrics.ADDR_FORMS)
-    return metrics.DEFAULT_ADDR if addr is None else addr
+    addr = _setting(environ, METRICS_ADDR_VARIABLE, metrics_endpoint.addr_of_text, metrics_endpoint.ADDR_FORMS)
+    return metrics_endpoint.DEFAULT_ADDR if addr is None else addr
 
 
-def publish_dir(environ: Mapping[str, str] = os.environ) -> Optional[published.RunDir]:
+def publish_dir(environ: Mapping[str, str] = os.environ) -> Optional[RunDir]:
     """Where the process publishes its figures for `gpumem top`; None with GPUMEM_PUBLISH=0. A bad
     GPUMEM_PUBLISH or GPUMEM_RUN_DIR raises as segments() does."""
     on = _setting(environ, PUBLISH_VARIABLE, _publish_of_text, _PUBLISH_FORMS)
@@ -115,30 +119,30 @@ def publish_dir(environ: Mapping[str, str] = os.environ) -> Optional[published.R
     return None if on is False else where
 
 
-def run_dir(environ: Mapping[str, str] = os.environ) -> published.RunDir:
+def run_dir(environ: Mapping[str, str] = os.environ) -> RunDir:
     """GPUMEM_RUN_DIR, else the default run directory. A bad value raises as segments() does."""
     path = _setting(environ, RUN_DIR_VARIABLE, _run_dir_of_text, _RUN_DIR_FORMS, any_bytes=True)
-    return published.default_run_dir() if path is None else published.RunDir(path, chosen=True)
+    return default_run_dir() if path is None else RunDir(path, chosen=True)
 
 
 def share(environ: Mapping[str, str] = os.environ) -> Optional[bool]:
     """GPUMEM_SHARE's choice; None when unset. A bad value raises as segments() does."""
-    return _setting(environ, sharing.SHARE_VARIABLE, sharing.share_of_text, sharing.SHARE_FORMS)
+    return _setting(environ, floors.SHARE_VARIABLE, floors.share_of_text, floors.SHARE_FORMS)
 
 
 def floor(environ: Mapping[str, str] = os.environ) -> Optional[list]:
     """GPUMEM_FLOOR's (device, spec) pairs (-1: every device), their syntax checked; None when
     unset. A bad value raises SettingError naming the variable, its value and the accepted forms."""
-    text = environ.get(sharing.FLOOR_VARIABLE)
+    text = environ.get(floors.FLOOR_VARIABLE)
     if text is None:
         return None
     problem = not_utf8(text)
     if problem is not None:
-        raise SettingError(sharing.FLOOR_VARIABLE, text, f"{problem}. Accepted forms: {sharing.floor_forms()}")
+        raise SettingError(floors.FLOOR_VARIABLE, text, f"{problem}. Accepted forms: {floors.floor_forms()}")
     try:
-        return sharing.floor_assignments(text)
-    except sharing.FloorError as error:
-        raise SettingError(sharing.FLOOR_VARIABLE, text, f"{error.reason}. Accepted forms: {sharing.floor_forms()}") from None
+        return floors.floor_assignments(text)
+    except floors.FloorError as error:
+        raise SettingError(floors.FLOOR_VARIABLE, text, f"{error.reason}. Accepted forms: {floors.floor_forms()}") from None
 
 
 def sharing_asked(environ: Mapping[str, str] = os.environ) -> bool:
@@ -184,6 +188,6 @@ SETTINGS = (
     (METRICS_PORT_VARIABLE, metrics_port),
     (METRICS_ADDR_VARIABLE, metrics_addr),
     (PUBLISH_VARIABLE, publish_dir),
-    (sharing.SHARE_VARIABLE, share),
-    (sharing.FLOOR_VARIABLE, floor),
+    (floors.SHARE_VARIABLE, share),
+    (floors.FLOOR_VARIABLE, floor),
 )

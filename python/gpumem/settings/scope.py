@@ -8,10 +8,10 @@ See docs/usage.md, "A limit on the whole process", for how the memory outside gp
 """
 from __future__ import annotations
 
-from gpumem import _words
+from gpumem.settings import words
 
 ALLOCATOR, PROCESS = "allocator", "process"
-FORMS = _words.forms((ALLOCATOR, PROCESS))
+FORMS = words.forms((ALLOCATOR, PROCESS))
 
 
 def scope(name: str) -> str:
@@ -20,4 +20,4 @@ def scope(name: str) -> str:
     Anything else raises, naming the value and the accepted forms: ValueError for a string,
     TypeError for another type.
     """
-    return _words.one_of(name, (ALLOCATOR, PROCESS), "limit scope")
+    return words.one_of(name, (ALLOCATOR, PROCESS), "limit scope")

@@ -6,8 +6,10 @@ import math
 import numbers
 from typing import Optional, Union
 
-from gpumem import _C, _devices
-from gpumem._words import bounded, not_utf8, shown
+import gpumem._C as _C
+from gpumem.settings import devices as _devices
+from gpumem.settings.echo import bounded, shown
+from gpumem.settings.words import not_utf8
 
 Limit = Union[str, int, float, None]
 ANY_TOTAL = 1 << 62  # checks a spec's syntax: every real device is smaller
