@@ -26,11 +26,7 @@
 #include <vector>
 
 #include "backends/sim_backend.h"
-#include "core/caching_allocator.h"
-#include "core/errors.h"
-#include "core/sizing.h"
-#include "core/limit_spec.h"
-#include "core/pressure.h"
+#include "core/api.h"
 #include "sharing/member.h"
 #include "torch/install.h"
 #include "torch/startup.h"
