@@ -140,6 +140,7 @@ DeviceStats DeviceAllocator::stats() const {
 void DeviceAllocator::reset_peak_stats() {
   const WholeDevice whole(core_);
   core_.d_.stats.reset_peak();
+  core_.d_.cap.reset_peak();
 }
 
 void DeviceAllocator::reset_accumulated_stats() {

@@ -212,7 +212,7 @@ FreeBins* DeviceCore::find_lane_bins(LaneSlot& slot, bool small) {
 }
 
 std::size_t DeviceCore::allocated() const {
-  return static_cast<std::size_t>(d_.stats.allocated_bytes()) + uncached_.bytes();
+  return static_cast<std::size_t>(d_.stats.allocated_bytes());  // uncached memory among them
 }
 
 // Hands out the front of `block`, returning the rest to the pool where the block is worth cutting
@@ -382,11 +382,11 @@ void* DeviceCore::malloc_uncached(std::size_t requested, Asking& asking) {
     throw_oom(requested, bytes);
   }
   bool device_refused = false;
-  void* ptr = uncached_.reserve(d_.cap, bytes, device_refused);
+  void* ptr = uncached_.reserve(d_.cap, d_.stats, bytes, requested, device_refused);
   if (!ptr && !d_.capturing()) {
     synchronize_and_process_events();
     release_.all_unused();
-    ptr = uncached_.reserve(d_.cap, bytes, device_refused);
+    ptr = uncached_.reserve(d_.cap, d_.stats, bytes, requested, device_refused);
   }
   if (!ptr && d_.departing.bytes() > 0) return nullptr;  // the facade waits for it and calls again
   if (!ptr && device_refused && hooks_to_ask(asking)) return nullptr;  // the facade asks, calls again
@@ -396,7 +396,7 @@ void* DeviceCore::malloc_uncached(std::size_t requested, Asking& asking) {
 }
 
 bool DeviceCore::free_uncached(void* ptr) {
-  const bool freed = uncached_.release(d_.cap, ptr);
+  const bool freed = uncached_.release(d_.cap, d_.stats, ptr);
   if (freed) debug_check();
   return freed;
 }
