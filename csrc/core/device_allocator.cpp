@@ -83,7 +83,7 @@ void DeviceAllocator::set_share(ShareHooks* share) {
   {
     const WholeDevice whole(core_);
     core_.d_.share = share;
-    if (!share) core_.d_.cap.set_ceiling(SIZE_MAX);
+    if (!share) core_.d_.accounts.set_ceiling(SIZE_MAX);
   }
   // Asks already handed the old hooks run with no lock held: the hooks may go once they ended
   // (each is bounded by the sharing's own wait).
@@ -104,13 +104,13 @@ std::optional<MemInfo> DeviceAllocator::mem_info_outside_capture() {
 
 void DeviceAllocator::set_shared_ceiling(std::size_t bytes) {
   const WholeDevice whole(core_);
-  core_.d_.cap.set_ceiling(bytes);
+  core_.d_.accounts.set_ceiling(bytes);
   core_.release_.over_limit();  // a neighbour's floor came back: cache first, as after a lowered limit
 }
 
 void DeviceAllocator::watch_pressure(int slot, double share) {
   const WholeDevice whole(core_);
-  core_.d_.cap.watch_pressure(slot, share);
+  core_.d_.accounts.watch_pressure(slot, share);
 }
 
 void DeviceAllocator::set_release_threshold(double share) {
@@ -134,18 +134,17 @@ void DeviceAllocator::set_capture_reuse(bool on) {
 
 DeviceStats DeviceAllocator::stats() const {
   const WholeDevice whole(core_);
-  return core_.d_.stats.snapshot();
+  return core_.d_.accounts.ledger().snapshot();
 }
 
 void DeviceAllocator::reset_peak_stats() {
   const WholeDevice whole(core_);
-  core_.d_.stats.reset_peak();
-  core_.d_.cap.reset_peak();
+  core_.d_.accounts.reset_peaks();
 }
 
 void DeviceAllocator::reset_accumulated_stats() {
   const WholeDevice whole(core_);
-  core_.d_.stats.reset_accumulated();
+  core_.d_.accounts.ledger().reset_accumulated();
 }
 
 WorkCounts DeviceAllocator::work_counts() const {

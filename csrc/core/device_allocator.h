@@ -105,7 +105,7 @@ class DeviceAllocator {
   // pressure watches' counts.
   std::size_t limit() const { return cap().limit(); }
   std::size_t reserved() const { return cap().reserved(); }
-  const Cap& cap() const { return core_.d_.cap; }
+  const Cap& cap() const { return core_.d_.accounts.cap(); }
   // What the limit bounds; setting kProcess (where it was not) measures the memory outside the
   // allocator at once if the device holds memory, and releases cached memory down to the budget
   // it leaves. Setting the scope in effect changes nothing.

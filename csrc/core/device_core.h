@@ -72,7 +72,7 @@ class DeviceCore {
    public:
     explicit WholeDevice(const DeviceCore& core) : core_(const_cast<DeviceCore&>(core)) {
       core_.d_.lanes.lock();
-      core_.d_.lane_ledgers.take_in(core_.d_.lanes, core_.d_.stats);
+      core_.d_.lane_ledgers.take_in(core_.d_.lanes, core_.d_.accounts.ledger());
     }
     ~WholeDevice() { core_.d_.lanes.unlock(core_.lane_gates()); }
     WholeDevice(const WholeDevice&) = delete;

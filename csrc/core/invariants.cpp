@@ -184,11 +184,11 @@ void check_device(const DeviceCore& core) {
     }
     increase_stat(r.stats.requested_bytes, false, static_cast<std::int64_t>(requested));
   });
-  const DeviceStats kept = d.stats.snapshot();
+  const DeviceStats kept = d.accounts.ledger().snapshot();
 #define GPUMEM_COMPARE(name, help) compare(d.device, #name, kept.name, r.stats.name);
   GPUMEM_STAT_ARRAYS(GPUMEM_COMPARE)
 #undef GPUMEM_COMPARE
-  if (d.cap.reserved() != static_cast<std::size_t>(d.stats.reserved_bytes()) + d.departing.bytes()) {
+  if (d.accounts.cap().reserved() != static_cast<std::size_t>(d.accounts.ledger().reserved_bytes()) + d.departing.bytes()) {
     broken(d.device, "the cap's reserved bytes differ from the statistics and those departing", 0);
   }
   check_arenas(d);

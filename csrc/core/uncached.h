@@ -16,9 +16,8 @@
 #include <cstdint>
 #include <unordered_map>
 
+#include "core/accounts.h"
 #include "core/backend.h"
-#include "core/cap.h"
-#include "core/stats.h"
 
 namespace gpumem {
 
@@ -29,11 +28,11 @@ class UncachedMemory {
   UncachedMemory(const UncachedMemory&) = delete;
   UncachedMemory& operator=(const UncachedMemory&) = delete;
 
-  // `bytes` from the device under `cap`, counted in `stats` (`requested` of them asked for), or
-  // nullptr (a refusal by the device noted in `device_refused`).
-  void* reserve(Cap& cap, StatLedger& stats, std::size_t bytes, std::size_t requested, bool& device_refused);
-  // Gives `ptr` back to the device, to `cap` and to `stats`; false if it did not come from reserve.
-  bool release(Cap& cap, StatLedger& stats, void* ptr);
+  // `bytes` from the device, counted in `accounts` (`requested` of them asked for), or nullptr (a
+  // refusal by the device, noted in `device_refused`, or by the cap).
+  void* reserve(Accounts& accounts, std::size_t bytes, std::size_t requested, bool& device_refused);
+  // Gives `ptr` back to the device and to `accounts`; false if it did not come from reserve.
+  bool release(Accounts& accounts, void* ptr);
   std::size_t bytes() const { return bytes_; }
   // fn(bytes, requested) for each allocation (the invariant checker's recount).
   template <class Fn>
