@@ -7,7 +7,7 @@
 #   field uses   uses of those fields in csrc/core and csrc/sharing (`d.<field>`, `d_.<field>`)
 #   bumps        statistics counters (num_*) changed by hand outside core/stats.{h,cpp}
 # Usage: tools/count_parts.sh [ROOT]  (needs Universal Ctags)
-set -euo pipefail
+set -uo pipefail  # not -e: a grep that finds nothing is a count of 0
 cd "${1:-$(dirname "$0")/..}"
 
 members() {  # members CLASS ACCESS FILE: the names of CLASS's members of ACCESS (public/private)
@@ -19,13 +19,13 @@ members() {  # members CLASS ACCESS FILE: the names of CLASS's members of ACCESS
 friends=$(grep -cE '^\s*friend class DeviceAllocator' csrc/core/*.h | awk -F: '{ s += $2 } END { print s + 0 }')
 private=$(members DeviceCore private csrc/core/device_core.h | paste -sd'|')
 reaches=0
-[ -n "$private" ] && reaches=$(grep -ohE "core_\.($private)\b" csrc/core/device_allocator.h csrc/core/device_allocator.cpp | wc -l)
+[ -n "$private" ] && reaches=$({ grep -ohE "core_\.($private)\b" csrc/core/device_allocator.h csrc/core/device_allocator.cpp || true; } | wc -l)
 fields=$(ctags -f - --c++-kinds=m --fields=+aK --language-force=C++ csrc/core/device_state.h |
   awk -F'\t' '/struct:gpumem::DeviceState/ && /access:public/ { print $1 }' | sort -u)
 nfields=$(printf '%s\n' "$fields" | grep -c . || true)
 uses=0
 if [ "$nfields" -gt 0 ]; then
-  uses=$(grep -rohE "\bd_?\.($(printf '%s\n' "$fields" | paste -sd'|'))\b" csrc/core csrc/sharing | wc -l)
+  uses=$({ grep -rohE "\bd_?\.($(printf '%s\n' "$fields" | paste -sd'|'))\b" csrc/core csrc/sharing || true; } | wc -l)
 fi
 bumps=$(grep -rnE '(\+\+|--) *[A-Za-z_.>()-]*\bnum_[a-z_]+|\bnum_[a-z_]+ *(\+\+|--|\+=|-=)' csrc/core \
   --include='*.cpp' --include='*.h' | { grep -vE '^csrc/core/stats\.(h|cpp):' || true; } | wc -l)
