@@ -135,14 +135,14 @@ bool DeviceCore::ask_neighbours(Asking& asking) {
 // or they were asked already), counted in flight until asked. With `budget_needed`, only the
 // shared ceiling stood in the way: the budget the request needs.
 ShareHooks* DeviceCore::hooks_to_ask(Asking& asking, std::size_t budget_needed) {
-  if (!d_.share || asking.asked) return nullptr;
+  if (!share_ || asking.asked) return nullptr;
   const int process = static_cast<int>(::getpid());
   if (asks_process_ != process) {  // a forked child: its parent's asks are not its own
     asks_process_ = process;
     asks_in_flight_.store(0, std::memory_order_release);
   }
   asks_in_flight_.fetch_add(1, std::memory_order_acq_rel);
-  asking.hooks = d_.share;
+  asking.hooks = share_;
   asking.budget_needed = budget_needed;
   return asking.hooks;
 }
@@ -254,7 +254,7 @@ void DeviceCore::throw_oom(std::size_t requested, std::size_t size, bool device_
   info.device_free = mem.free;
   info.device_total = mem.total;
   info.largest_free_block = largest_free_block();
-  if (d_.share) info.sharing = d_.share->describe(d_.backend.processes_on(d_.device));
+  if (share_) info.sharing = share_->describe(d_.backend.processes_on(d_.device));
   if (device_refused) {
     info.kind = OomKind::kDeviceFull;
   } else if (!fits_under(info.allocated, size, d_.accounts.cap().budget())) {

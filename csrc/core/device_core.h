@@ -221,6 +221,7 @@ class DeviceCore {
   // The mallocs and frees that took the whole device: every other one was served in a lane. Counted
   // here, on the slow path, so that the lanes' cached path counts nothing (for tests and benchmarks).
   std::uint64_t on_device_ = 0;
+  ShareHooks* share_ = nullptr;  // the GPU's sharing (core/share_hooks.h), where this process shares it
   std::atomic<int> asks_in_flight_{0};  // asks running with no lock held (set_share waits for them)
   int asks_process_ = 0;                // the process they run in (under the whole device)
 };

@@ -49,7 +49,7 @@ struct DeviceState {
   Backend& backend;
   const int device;
   DeviceAllocator* const owner;  // what Segment::owner names
-  std::size_t device_total = 0;
+  std::size_t device_total = 0;  // the device's memory: DeviceCore asks once the config is known to be sane
   BackendSource backend_source;  // the default pool's source, and of pools without one
   Accounts accounts;  // the cap and the statistics: the only way to change reserved (core/accounts.h)
   mutable DeviceLock lanes;  // the device's locks, and the arenas of the Blocks (core/lanes.h)
@@ -57,7 +57,6 @@ struct DeviceState {
   Pool default_pool;
   PrivatePools pools;
   SegmentTable segments;  // by address: the owner of every Segment (core/segment_table.h)
-  ShareHooks* share = nullptr;  // the GPU's sharing (core/share_hooks.h), where this process shares it
   Departures departing;  // plain segments empty_cache is giving back outside the lock (core/departures.h)
 
   // A pool target is active: a graph may be capturing, so nothing waits on events, synchronizes or

@@ -12,7 +12,7 @@ DeviceSettings DeviceCore::settings() const {
 }
 
 void DeviceCore::set_share(ShareHooks* share) {
-  d_.share = share;
+  share_ = share;
   if (!share) d_.accounts.set_ceiling(SIZE_MAX);
 }
 
