@@ -79,7 +79,7 @@ class Cap {
 
   // The device handed out the memory try_reserve counted. Not told in try_reserve itself: a
   // reservation the device then refuses is rolled back, and must not count as a crossing.
-  void grown() { pressure_.grew(counted()); }
+  void grown() { counted_grew(); }
 
   void unreserve(std::size_t bytes) {
     reserved_.fetch_sub(bytes, std::memory_order_relaxed);
@@ -93,7 +93,7 @@ class Cap {
   // What the process holds on the device besides the reserved bytes, as last measured.
   void set_outside(std::size_t bytes) {
     const std::size_t before = outside_.exchange(bytes, std::memory_order_relaxed);
-    if (bytes > before) pressure_.grew(counted());
+    if (bytes > before) counted_grew();
     if (bytes < before) pressure_.shrank(counted());
   }
   std::size_t limit() const { return limit_.load(std::memory_order_relaxed); }
@@ -114,14 +114,28 @@ class Cap {
     return out > SIZE_MAX - r ? SIZE_MAX : r + out;
   }
 
+  // The most counted() reached since the start or the last reset_peak(): the peak of what the limit
+  // measures, kept beside it (under the allocator scope, reserved's; the statistics keep their own).
+  std::size_t counted_peak() const { return std::max(counted_peak_.load(std::memory_order_relaxed), counted()); }
+  void reset_peak() { counted_peak_.store(counted(), std::memory_order_relaxed); }
+
   void watch_pressure(int slot, double share) { pressure_.watch(slot, share, limit(), counted()); }
   const PressureWatches& pressure() const { return pressure_; }
 
  private:
+  void counted_grew() {
+    const std::size_t now = counted();
+    std::size_t peak = counted_peak_.load(std::memory_order_relaxed);
+    while (now > peak && !counted_peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+    pressure_.grew(now);
+  }
+
   std::atomic<std::size_t> limit_;
   std::atomic<std::size_t> reserved_{0};
   std::atomic<std::size_t> outside_{0};
   std::atomic<std::size_t> ceiling_{SIZE_MAX};
+  std::atomic<std::size_t> counted_peak_{0};
   PressureWatches pressure_;
 };
 

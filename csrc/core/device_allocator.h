@@ -27,53 +27,12 @@
 
 namespace gpumem {
 
-// A read-only picture of the device's memory, for snapshots and reports.
-struct BlockInfo {
-  std::uintptr_t addr;
-  std::size_t size;
-  std::size_t requested;
-  enum State { kFree, kAllocated, kPendingFree } state;
-};
-struct SegmentInfo {
-  std::uintptr_t addr;
-  std::size_t size;
-  StreamId stream;
-  PoolId pool;
-  bool small;
-  bool growable;  // a mapped stretch of a growable segment: one SegmentInfo per stretch
-  std::vector<BlockInfo> blocks;
-};
-
-// How the work went, for tests and benchmarks: the mallocs and frees that took the whole device
-// (every other call was served by its stream's lane alone); every Block the arenas made, spare or
-// in segments, the host memory the block lists hold (flat while the blocks in use are: every Block
-// keeps its home, core/lanes.h); the blocks growable segments' unmapping walks looked at
-// (GrowableSegments::blocks_visited).
-struct WorkCounts {
-  std::uint64_t on_device = 0;
-  std::size_t blocks_made = 0;
-  std::uint64_t growable_blocks_visited = 0;
-  std::size_t growable_moved = 0;      // bytes unmapped, ever, to make room at the high mark
-  std::size_t growable_allowance = 0;  // bytes a growth may pass the high mark by now (GrowableSegments)
-};
-
-// A private pool's options (MemPool's). kNoSplit: its blocks are never split (it can only be
-// turned on: blocks already split would break it). kUseOnOom: while held, its cached free blocks
-// may serve a default-pool request that could not get new memory.
-enum class PoolOption { kNoSplit, kUseOnOom };
-
-struct DeviceSettings {
-  LimitScope scope = LimitScope::kAllocator;
-  double release_threshold = 0.0;
-  bool growable = false;
-};
-
 class DeviceAllocator {
  public:
   DeviceAllocator(Backend& backend, int device, const AllocatorConfig& config)
       : core_(backend, device, config, this) {}
 
-  int device() const { return core_.d_.device; }
+  int device() const { return core_.device(); }
 
   // ---- blocks ----
   // A block of at least `size` bytes usable on `stream`, and of at least `at_least` bytes (a
@@ -105,13 +64,13 @@ class DeviceAllocator {
   // pressure watches' counts.
   std::size_t limit() const { return cap().limit(); }
   std::size_t reserved() const { return cap().reserved(); }
-  const Cap& cap() const { return core_.d_.cap; }
+  const Cap& cap() const { return core_.cap(); }
   // What the limit bounds; setting kProcess (where it was not) measures the memory outside the
   // allocator at once if the device holds memory, and releases cached memory down to the budget
   // it leaves. Setting the scope in effect changes nothing.
   void set_scope(LimitScope scope);
   // Where the figure of the memory outside the allocator came from (lock-free).
-  OutsideSource outside_source() const { return core_.scope_.source(); }
+  OutsideSource outside_source() const { return core_.outside_source(); }
   // Counts crossings of `share` of the limit in watch slot `slot` (core/pressure.h).
   void watch_pressure(int slot, double share);
   // Sharing the GPU (sharing/member.h): the hooks, and the ceiling the others' floors leave,
@@ -125,7 +84,7 @@ class DeviceAllocator {
   // backend cannot map pages keeps plain segments; memory already reserved stays as it is.
   void set_growable(bool on);
   // The backend's page size for growable segments; 0 where it cannot map pages.
-  std::size_t page_size() const { return core_.sources_.growable.page_size(); }
+  std::size_t page_size() const { return core_.page_size(); }
   // Whether a block freed during a capture while other streams used it may be reused before the
   // capture ends, once the capture graph shows those streams' work joined the block's stream
   // (torch's graph_capture_record_stream_reuse). Off by default, as in torch.
@@ -141,17 +100,17 @@ class DeviceAllocator {
   void reset_accumulated_stats();
   WorkCounts work_counts() const;
   std::size_t largest_free_block() const;  // the largest cached free block, in bytes
-  MemInfo device_mem_info() { return core_.d_.backend.mem_info(core_.d_.device); }
+  MemInfo device_mem_info() { return core_.device_mem_info(); }
   // The same, read under the whole device unless a graph may be capturing (nullopt then: the
   // driver does not allow the call during a capture).
   std::optional<MemInfo> mem_info_outside_capture();
-  std::size_t device_total() const { return core_.d_.device_total; }
+  std::size_t device_total() const { return core_.device_total(); }
   std::vector<SegmentInfo> snapshot() const;
   // The segment start and size holding `ptr`, if any.
   std::optional<std::pair<std::uintptr_t, std::size_t>> segment_of(const void* ptr) const;
   // Whether `block` (allocated) starts its segment, or a mapped stretch of a growable one, and was
   // split off the front of a larger free block: cached free memory follows it.
-  bool heads_a_split(const Block* block) const;
+  bool heads_a_split(const Block* block) const { return core_.heads_a_split(block); }
 
   // ---- private pools (core/private_pools.h) ----
   // While a pool is the allocation target for streams the filter accepts, requests on those

@@ -67,7 +67,7 @@ DeviceCore::DeviceCore(Backend& backend, int device, const AllocatorConfig& conf
       scope_(config.scope) {  // measured at the first growth: the backend is not asked yet
   d_.device_total = d_.backend.total_memory(device);
   check_limit_fits(config.limit, device, d_.device_total);
-  d_.cap.set_limit(config.limit.value_or(d_.device_total));
+  d_.accounts.set_limit(config.limit.value_or(d_.device_total));
   sources_.growable.set_page_size(d_.backend.page_size(device));  // the backend is asked once the config holds
 }
 
@@ -93,7 +93,7 @@ DeviceCore::~DeviceCore() {
   if (!bins) return nullptr;
   Block* block = FreeBlocks::take_best_fit_in(*bins, size);
   if (!block) return nullptr;
-  const InLane in_lane{bins, lane, d_.lane_ledgers.enter(d_.lanes, lane, d_.stats)};
+  const InLane in_lane{bins, lane, d_.lane_ledgers.enter(d_.lanes, lane, d_.accounts.ledger())};
   block = place(block, size, requested, &in_lane);
   debug_check_lane(lane);
   return block;
@@ -135,14 +135,14 @@ bool DeviceCore::ask_neighbours(Asking& asking) {
 // or they were asked already), counted in flight until asked. With `budget_needed`, only the
 // shared ceiling stood in the way: the budget the request needs.
 ShareHooks* DeviceCore::hooks_to_ask(Asking& asking, std::size_t budget_needed) {
-  if (!d_.share || asking.asked) return nullptr;
+  if (!share_ || asking.asked) return nullptr;
   const int process = static_cast<int>(::getpid());
   if (asks_process_ != process) {  // a forked child: its parent's asks are not its own
     asks_process_ = process;
     asks_in_flight_.store(0, std::memory_order_release);
   }
   asks_in_flight_.fetch_add(1, std::memory_order_acq_rel);
-  asking.hooks = d_.share;
+  asking.hooks = share_;
   asking.budget_needed = budget_needed;
   return asking.hooks;
 }
@@ -169,9 +169,9 @@ bool DeviceCore::asks_in_flight() const {
   Block* block = try_cached(*r.pool, r);
   if (block) return place(block, size, requested, nullptr);
   measure_outside();
-  if (!fits_under(allocated(), size, d_.cap.budget())) {
+  if (!fits_under(allocated(), size, d_.accounts.cap().budget())) {
     // Only the others' floors and tensors stand in the way: they are asked for fresh figures.
-    if (fits_under(allocated(), size, d_.cap.hard_budget()) && hooks_to_ask(asking, allocated() + size)) {
+    if (fits_under(allocated(), size, d_.accounts.cap().hard_budget()) && hooks_to_ask(asking, allocated() + size)) {
       return nullptr;
     }
     throw_oom(requested, size);
@@ -190,7 +190,7 @@ bool DeviceCore::asks_in_flight() const {
     block = try_cached(*r.pool, r);
     if (!block) block = sources_.serving(*r.pool).grow(r);
   }
-  if (retried) ++d_.stats.num_alloc_retries;
+  if (retried) d_.accounts.retried();
   if (!block && d_.departing.bytes() > 0) return nullptr;  // malloc waits for it and calls again
   if (!block && r.device_refused && hooks_to_ask(asking)) return nullptr;  // malloc asks, calls again
   if (!block) throw_oom(requested, size, r.device_refused);
@@ -201,8 +201,8 @@ bool DeviceCore::asks_in_flight() const {
 
 LaneGates DeviceCore::lane_gates() const {
   const bool capturing = d_.capturing();
-  return {!capturing && !events_.waiting() && !d_.stats.any_pending(),
-          !capturing && release_.threshold() == 0.0 && d_.cap.reserved() <= d_.cap.budget()};
+  return {!capturing && !events_.waiting() && !d_.accounts.ledger().any_pending(),
+          !capturing && release_.threshold() == 0.0 && d_.accounts.cap().reserved() <= d_.accounts.cap().budget()};
 }
 
 FreeBins* DeviceCore::find_lane_bins(LaneSlot& slot, bool small) {
@@ -212,7 +212,7 @@ FreeBins* DeviceCore::find_lane_bins(LaneSlot& slot, bool small) {
 }
 
 std::size_t DeviceCore::allocated() const {
-  return static_cast<std::size_t>(d_.stats.allocated_bytes()) + uncached_.bytes();
+  return static_cast<std::size_t>(d_.accounts.ledger().allocated_bytes());  // uncached memory among them
 }
 
 // Hands out the front of `block`, returning the rest to the pool where the block is worth cutting
@@ -234,7 +234,7 @@ std::size_t DeviceCore::allocated() const {
   }
   block->allocated = true;
   block->requested = requested;
-  StatLedger& stats = lane ? lane->stats : d_.stats;
+  StatLedger& stats = lane ? lane->stats : d_.accounts.ledger();
   count_split(stats, segment, split.blocks, split.bytes);
   stats.hand_out(small, block->size, requested);
   if (!lane) debug_check();
@@ -242,31 +242,28 @@ std::size_t DeviceCore::allocated() const {
 }
 
 void DeviceCore::throw_oom(std::size_t requested, std::size_t size, bool device_refused) {
-  ++d_.stats.num_ooms;
   OomInfo info;
   info.device = d_.device;
   info.requested = requested;
   info.allocated = allocated();
-  info.reserved = d_.cap.reserved();
-  info.limit = d_.cap.limit();
+  info.reserved = d_.accounts.cap().reserved();
+  info.limit = d_.accounts.cap().limit();
   info.process_scope = scope_.scope() == LimitScope::kProcess;
-  info.outside = d_.cap.outside();
+  info.outside = d_.accounts.cap().outside();
   const MemInfo mem = d_.backend.mem_info(d_.device);
   info.device_free = mem.free;
   info.device_total = mem.total;
   info.largest_free_block = largest_free_block();
-  if (d_.share) info.sharing = d_.share->describe(d_.backend.processes_on(d_.device));
+  if (share_) info.sharing = share_->describe(d_.backend.processes_on(d_.device));
   if (device_refused) {
     info.kind = OomKind::kDeviceFull;
-    ++d_.stats.num_ooms_device_full;
-  } else if (!fits_under(info.allocated, size, d_.cap.budget())) {
+  } else if (!fits_under(info.allocated, size, d_.accounts.cap().budget())) {
     info.kind = OomKind::kOverLimit;
-    info.neighbours = fits_under(info.allocated, size, d_.cap.hard_budget());
-    ++d_.stats.num_ooms_over_limit;
+    info.neighbours = fits_under(info.allocated, size, d_.accounts.cap().hard_budget());
   } else {
     info.kind = OomKind::kFragmentation;
-    ++d_.stats.num_ooms_fragmentation;
   }
+  d_.accounts.oom(info.kind);
   throw OutOfMemoryError(info);
 }
 
@@ -288,7 +285,7 @@ void DeviceCore::measure_outside() {
   FreeBins* bins = lane_bins(slot, segment.small);
   if (!bins) return false;
   block->allocated = false;
-  const InLane in_lane{bins, lane, d_.lane_ledgers.enter(d_.lanes, lane, d_.stats)};
+  const InLane in_lane{bins, lane, d_.lane_ledgers.enter(d_.lanes, lane, d_.accounts.ledger())};
   free_block(block, &in_lane, true);
   debug_check_lane(lane);
   return true;
@@ -310,8 +307,8 @@ void DeviceCore::free(Block* block) {
     return;
   }
   const bool small = block->segment->small;
-  d_.stats.release(small, block->size);
-  d_.stats.pend(small, block->size);
+  d_.accounts.ledger().release(small, block->size);
+  d_.accounts.ledger().pend(small, block->size);
   if (!d_.capturing()) {
     events_.wait_for(block);
   } else {
@@ -322,7 +319,7 @@ void DeviceCore::free(Block* block) {
 
 void DeviceCore::free_pending(Block* block) {
   block->pending_events = 0;
-  d_.stats.retire(block->segment->small, block->size);
+  d_.accounts.ledger().retire(block->segment->small, block->size);
   release_.after_free(free_block(block, nullptr, false));
 }
 
@@ -345,7 +342,7 @@ void DeviceCore::free_pending(Block* block) {
   } else {
     blocks.insert(merge.block);
   }
-  StatLedger& stats = lane ? lane->stats : d_.stats;
+  StatLedger& stats = lane ? lane->stats : d_.accounts.ledger();
   if (released) stats.release(small, size);
   stats.settle(small, requested);
   count_split(stats, segment, split_blocks, split_bytes);
@@ -361,7 +358,7 @@ void DeviceCore::process_events() {
 
 // Counted whether or not anything is pending: Note [what num_sync_all_streams counts] (core/release.h).
 void DeviceCore::synchronize_and_process_events() {
-  ++d_.stats.num_sync_all_streams;
+  d_.accounts.synced_all_streams();
   if (!events_.waiting()) return;
   d_.backend.synchronize(d_.device);
   process_events();
@@ -375,18 +372,18 @@ void* DeviceCore::malloc_uncached(std::size_t requested, Asking& asking) {
   measure_outside();
   // New memory, as a growth of the chain is: the others are asked where their floors stand in the
   // way, or the device refuses.
-  if (!fits_under(allocated(), bytes, d_.cap.budget())) {
-    if (fits_under(allocated(), bytes, d_.cap.hard_budget()) && hooks_to_ask(asking, allocated() + bytes)) {
+  if (!fits_under(allocated(), bytes, d_.accounts.cap().budget())) {
+    if (fits_under(allocated(), bytes, d_.accounts.cap().hard_budget()) && hooks_to_ask(asking, allocated() + bytes)) {
       return nullptr;
     }
     throw_oom(requested, bytes);
   }
   bool device_refused = false;
-  void* ptr = uncached_.reserve(d_.cap, bytes, device_refused);
+  void* ptr = uncached_.reserve(d_.accounts, bytes, requested, device_refused);
   if (!ptr && !d_.capturing()) {
     synchronize_and_process_events();
     release_.all_unused();
-    ptr = uncached_.reserve(d_.cap, bytes, device_refused);
+    ptr = uncached_.reserve(d_.accounts, bytes, requested, device_refused);
   }
   if (!ptr && d_.departing.bytes() > 0) return nullptr;  // the facade waits for it and calls again
   if (!ptr && device_refused && hooks_to_ask(asking)) return nullptr;  // the facade asks, calls again
@@ -396,7 +393,7 @@ void* DeviceCore::malloc_uncached(std::size_t requested, Asking& asking) {
 }
 
 bool DeviceCore::free_uncached(void* ptr) {
-  const bool freed = uncached_.release(d_.cap, ptr);
+  const bool freed = uncached_.release(d_.accounts, ptr);
   if (freed) debug_check();
   return freed;
 }
@@ -417,7 +414,7 @@ void DeviceCore::empty_cache(PoolId id, std::vector<Departure>* departing) {
   } else {
     // A graph may be capturing: the default pool keeps its memory (freeing it would break the
     // capture), as native does; pools nobody holds are not being captured into.
-    if (release_.unheld_pools_cache()) ++d_.stats.num_cache_releases;
+    if (release_.unheld_pools_cache()) d_.accounts.released_cache();
   }
   d_.pools.erase_dead();
   debug_check();
@@ -440,7 +437,7 @@ void DeviceCore::give_back(const std::vector<Departure>& departing) {
   }
   {
     const WholeDevice whole(*this);
-    d_.cap.unreserve(bytes);
+    d_.accounts.departed(bytes);
     d_.departing.done(bytes);
     debug_check();
   }
@@ -454,7 +451,7 @@ void DeviceCore::empty_pool_cache(PoolId id) {
   const Pool* pool = d_.pools.unheld(id);
   if (!pool) return;
   if (!d_.capturing()) synchronize_and_process_events();
-  if (release_.pool_cache(*pool)) ++d_.stats.num_cache_releases;
+  if (release_.pool_cache(*pool)) d_.accounts.released_cache();
 }
 
 void DeviceCore::end_target(PoolId id) {

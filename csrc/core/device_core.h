@@ -25,6 +25,7 @@
 
 #include "core/backend.h"
 #include "core/device_state.h"
+#include "core/device_views.h"
 #include "core/errors.h"
 #include "core/process_scope.h"
 #include "core/release.h"
@@ -72,7 +73,7 @@ class DeviceCore {
    public:
     explicit WholeDevice(const DeviceCore& core) : core_(const_cast<DeviceCore&>(core)) {
       core_.d_.lanes.lock();
-      core_.d_.lane_ledgers.take_in(core_.d_.lanes, core_.d_.stats);
+      core_.d_.lane_ledgers.take_in(core_.d_.lanes, core_.d_.accounts.ledger());
     }
     ~WholeDevice() { core_.d_.lanes.unlock(core_.lane_gates()); }
     WholeDevice(const WholeDevice&) = delete;
@@ -110,6 +111,41 @@ class DeviceCore {
   void end_target(PoolId pool);
   void release_pool(PoolId pool);
   std::size_t largest_free_block() const;
+  // Waits until memory on its way back (d_.departing) is back; with no lock held.
+  void wait_for_departures() { d_.departing.wait(); }
+  // Whether asks handed out (Asking) still run with no lock held (a forked child has none, whatever
+  // its parent had).
+  bool asks_in_flight() const;
+
+  // ---- the facade's calls (core/device_views.cpp), under the whole device unless they say
+  // Facts of the device, set once: read without a lock.
+  int device() const { return d_.device; }
+  std::size_t device_total() const { return d_.device_total; }
+  MemInfo device_mem_info() const { return d_.backend.mem_info(d_.device); }
+  std::size_t page_size() const { return sources_.growable.page_size(); }
+  // Lock-free, as the cap reads out.
+  const Cap& cap() const { return d_.accounts.cap(); }
+  OutsideSource outside_source() const { return scope_.source(); }
+  DeviceSettings settings() const;
+  void set_share(ShareHooks* share);  // the hooks go once asks_in_flight() is false
+  std::optional<MemInfo> mem_info_outside_capture() const;
+  void set_shared_ceiling(std::size_t bytes);
+  void watch_pressure(int slot, double share) { d_.accounts.watch_pressure(slot, share); }
+  void set_release_threshold(double share) { release_.set_threshold(share); }
+  void set_growable(bool on) { sources_.growable.set_on(on); }
+  void set_capture_reuse(bool on) { events_.set_capture_reuse(on); }
+  DeviceStats stats() const { return d_.accounts.ledger().snapshot(); }
+  void reset_peak_stats() { d_.accounts.reset_peaks(); }
+  void reset_accumulated_stats() { d_.accounts.ledger().reset_accumulated(); }
+  WorkCounts work_counts() const;
+  std::vector<SegmentInfo> snapshot() const;
+  std::optional<std::pair<std::uintptr_t, std::size_t>> segment_of(std::uintptr_t addr) const;
+  // Takes its own lock: the block's lane where it has one, else the whole device.
+  bool heads_a_split(const Block* block) const;
+  void create_pool(PoolId id, std::shared_ptr<SegmentSource> source) { d_.pools.create(id, std::move(source)); }
+  void begin_target(PoolId id, StreamFilter filter) { d_.pools.begin_target(id, std::move(filter)); }
+  int pool_use_count(PoolId id) const { return d_.pools.use_count(id); }
+  void set_pool_option(PoolId id, PoolOption option, bool on);
   // After every operation in builds with the checker compiled in (GPUMEM_CHECK_INVARIANTS).
   void debug_check() const {
 #if GPUMEM_CHECK_INVARIANTS
@@ -118,7 +154,6 @@ class DeviceCore {
   }
 
  private:
-  friend class DeviceAllocator;  // the facade: reads the parts for its one-line calls
   friend void check_device(const DeviceCore& core);
   friend void check_lane(const DeviceCore& core, const Lane& lane);
 
@@ -131,8 +166,6 @@ class DeviceCore {
   // The chain and the free under the whole device (what the lanes could not serve).
   Block* malloc_on_device(std::size_t size, std::size_t requested, StreamId stream, Asking& asking);
   ShareHooks* hooks_to_ask(Asking& asking, std::size_t budget_needed = 0);
-  // Whether asks of this process run now (a forked child has none, whatever its parent had).
-  bool asks_in_flight() const;
   void free_on_device(Block* block);
   // What the lanes may serve while nothing holds the whole device: a cached malloc while no graph
   // captures and no block pends on a stream; a cached free while no graph captures, no release
@@ -188,6 +221,7 @@ class DeviceCore {
   // The mallocs and frees that took the whole device: every other one was served in a lane. Counted
   // here, on the slow path, so that the lanes' cached path counts nothing (for tests and benchmarks).
   std::uint64_t on_device_ = 0;
+  ShareHooks* share_ = nullptr;  // the GPU's sharing (core/share_hooks.h), where this process shares it
   std::atomic<int> asks_in_flight_{0};  // asks running with no lock held (set_share waits for them)
   int asks_process_ = 0;                // the process they run in (under the whole device)
 };

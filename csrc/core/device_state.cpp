@@ -4,6 +4,10 @@
 namespace gpumem {
 
 DeviceState::DeviceState(Backend& backend, int device, DeviceAllocator* owner)
-    : backend(backend), device(device), owner(owner), backend_source(backend, device), cap(0), pools(device), segments(device, owner) {}
+    : backend(backend),
+      device(device),
+      owner(owner),
+      backend_source(backend, device),
+      pools(device), segments(device, owner) {}
 
 }  // namespace gpumem

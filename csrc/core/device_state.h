@@ -1,5 +1,5 @@
-// What the parts of one device's allocator share: the backend, the cap, the statistics, the
-// segments by address, the default pool and the private pools, the lanes (whose arenas are the
+// What the parts of one device's allocator share: the backend, the accounts (the cap and the
+// statistics: core/accounts.h), the segments by address, the default pool and the private pools, the lanes (whose arenas are the
 // Blocks' homes). The fallback chain (core/device_core.h), the two sources of new memory
 // (core/plain_segments.h, core/growable_segments.h) and the releases (core/release.h) work on it,
 // all under the device's lock: nothing here locks. Each member is a type that keeps its own
@@ -13,9 +13,9 @@
 #include <memory>
 #include <vector>
 
+#include "core/accounts.h"
 #include "core/backend.h"
 #include "core/block.h"
-#include "core/cap.h"
 #include "core/departures.h"
 #include "core/lane_ledgers.h"
 #include "core/lanes.h"
@@ -49,17 +49,14 @@ struct DeviceState {
   Backend& backend;
   const int device;
   DeviceAllocator* const owner;  // what Segment::owner names
-  std::size_t device_total = 0;
+  std::size_t device_total = 0;  // the device's memory: DeviceCore asks once the config is known to be sane
   BackendSource backend_source;  // the default pool's source, and of pools without one
-  Cap cap;
-  StatLedger stats;  // exact under the whole device: it takes in the lanes' when that is taken
+  Accounts accounts;  // the cap and the statistics: the only way to change reserved (core/accounts.h)
   mutable DeviceLock lanes;  // the device's locks, and the arenas of the Blocks (core/lanes.h)
   LaneLedgers lane_ledgers;  // when `stats` takes in the lanes' own (core/lane_ledgers.h)
   Pool default_pool;
   PrivatePools pools;
   SegmentTable segments;  // by address: the owner of every Segment (core/segment_table.h)
-  ShareHooks* share = nullptr;  // the GPU's sharing (core/share_hooks.h), where this process shares it
-  std::size_t reserved_high = 0;  // the most ever reserved by segments and pages (not reset with the statistics)
   Departures departing;  // plain segments empty_cache is giving back outside the lock (core/departures.h)
 
   // A pool target is active: a graph may be capturing, so nothing waits on events, synchronizes or
@@ -71,7 +68,6 @@ struct DeviceState {
 
   // Where the blocks of `stream` come from and go back to, on every path.
   BlockArena& arena_for(StreamId stream) { return lanes.arena_for(stream); }
-  void note_high() { reserved_high = std::max(reserved_high, cap.reserved()); }
 
   // Files a segment of [addr, addr + size) under the pool, as one block, its head from its stream's
   // arena; statistics are the caller's.

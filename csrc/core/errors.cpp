@@ -88,7 +88,7 @@ namespace {
 
 // Note [errors carry their parts]
 // A message is made once, where the error is thrown, from parts the error keeps. A layer that
-// reports the error in its own words (startup.cpp names GPUMEM_LIMIT; python/gpumem/_limits.py
+// reports the error in its own words (startup.cpp names GPUMEM_LIMIT; python/gpumem/settings/limits.py
 // shows the spec as Python's messages do) reads the parts, so a change of wording here cannot
 // break what it says, and a quoted spec that happens to hold ": " cannot cut the reason short.
 std::string limit_spec_message(const LimitSpecParts& p) {

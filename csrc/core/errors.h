@@ -97,7 +97,7 @@ void quietly(F&& f) noexcept {
 // `text` as a message echoes a value the user gave: in double quotes, with control characters and
 // bytes that are not UTF-8 escaped (\n, \x00), and cut after kShownBytes with its length said, so
 // that a NUL does not end the message early and a 10 MB value stays a short line. The one rule for
-// the user's text in a message: python/gpumem/_words.py's shown() cuts after as many characters
+// the user's text in a message: python/gpumem/settings/echo.py's shown() cuts after as many characters
 // (_C.SHOWN_LENGTH; tests/python/test_limit_grammar.py holds the two equal).
 constexpr std::size_t kShownBytes = 64;
 std::string shown(std::string_view text);

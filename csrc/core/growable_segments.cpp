@@ -79,9 +79,9 @@ Block* GrowableSegments::grow(Request& r) {
 // None of this passes the cap: a growth within the allowance still asks it.
 bool GrowableSegments::recycle_before_high_mark(const Growth& growth, StreamId stream, std::size_t size) {
   const std::size_t pages = growth.block ? growth.pages : round_up(size, page_size_);
-  const std::size_t reserved = d_.cap.reserved();
-  if (reserved + pages <= d_.reserved_high) return false;
-  const std::size_t past = reserved + pages - d_.reserved_high;
+  const std::size_t reserved = d_.accounts.cap().reserved();
+  if (reserved + pages <= d_.accounts.reserved_high()) return false;
+  const std::size_t past = reserved + pages - d_.accounts.reserved_high();
   if (past <= allowance_) {
     allowance_ -= past;
     return false;
@@ -93,8 +93,8 @@ bool GrowableSegments::recycle_before_high_mark(const Growth& growth, StreamId s
   const std::size_t moved = unmap_stream_pages(stream, past, {before, after});
   remapped_ += moved;
   moved_ += moved;
-  if (remapped_ >= d_.reserved_high) {
-    next_grant_ = next_grant_ == 0 ? d_.reserved_high / 8 : 2 * next_grant_;
+  if (remapped_ >= d_.accounts.reserved_high()) {
+    next_grant_ = next_grant_ == 0 ? d_.accounts.reserved_high() / 8 : 2 * next_grant_;
     allowance_ += next_grant_;
     remapped_ = 0;
   }
@@ -147,7 +147,7 @@ Block* GrowableSegments::reserve_range(const Request& r) {
   segment->mapped = 0;
   segment->head->mapped = false;
   pool.unmapped_for(small).insert(segment->head);
-  d_.stats.reserve(small, 0, 1);
+  d_.accounts.open_segment(small);
   return segment->head;
 }
 
@@ -160,15 +160,14 @@ Block* GrowableSegments::map_front(Request& r, Block* unmapped) {
   const bool small = segment.small;
   const std::size_t before = unmapped->prev && unmapped->prev->is_cached() ? unmapped->prev->size : 0;
   const std::size_t bytes = std::min(round_up(size - before, page_size_), unmapped->size);
-  if (!d_.cap.grow_noting(r.device_refused, bytes, [&] { return map_chunks(segment, unmapped->addr, bytes); })) return nullptr;
+  if (!d_.accounts.map_pages(r.device_refused, small, bytes, [&] { return map_chunks(segment, unmapped->addr, bytes); })) {
+    return nullptr;
+  }
   FreeBlocks& unmapped_set = segment.pool->unmapped_for(small);
   unmapped_set.erase(unmapped);
   if (bytes < unmapped->size) unmapped_set.insert(split_block(unmapped, bytes, d_.arena_for(segment.stream)));
   unmapped->mapped = true;
   segment.mapped += bytes;
-  d_.stats.reserve(small, bytes, 0);
-  ++d_.stats.num_device_alloc;
-  d_.note_high();
   return merge_free_neighbours(unmapped, segment.pool->blocks_for(small), d_.arena_for(segment.stream)).block;
 }
 
@@ -182,10 +181,8 @@ std::size_t GrowableSegments::unmap_block(Block* block) {
   if (hi <= lo) return 0;
   d_.backend.unmap(d_.device, reinterpret_cast<void*>(lo), hi - lo);
   segment.chunks.erase(segment.chunks.lower_bound(lo), segment.chunks.lower_bound(hi));
-  d_.cap.unreserve(hi - lo);
+  d_.accounts.unmap_pages(small, hi - lo);
   segment.mapped -= hi - lo;
-  d_.stats.unreserve(small, hi - lo, 0);
-  ++d_.stats.num_device_free;
 
   FreeBlocks& cached = segment.pool->blocks_for(small);
   cached.erase(block);
@@ -356,7 +353,7 @@ void GrowableSegments::release_range(Segment* segment) {
   Block* head = segment->head;
   segment->pool->unmapped_for(segment->small).erase(head);
   d_.backend.release_address(d_.device, head->ptr(), segment->size);
-  d_.stats.unreserve(segment->small, 0, 1);
+  d_.accounts.close_segment(segment->small);
   d_.erase_segment(segment);
 }
 

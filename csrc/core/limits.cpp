@@ -13,11 +13,11 @@ namespace gpumem {
 //   waiting for an empty_cache(). While a pool is the allocation target (a graph may be
 //   capturing) nothing is released, as in empty_cache(); the first free after it ends resumes.
 void DeviceCore::set_limit(std::size_t limit) {
-  d_.cap.set_limit(limit);
-  if (scope_.scope() == LimitScope::kProcess && d_.cap.reserved() > 0) measure_outside();
-  if (d_.cap.reserved() > d_.cap.budget()) {
+  d_.accounts.set_limit(limit);
+  if (scope_.scope() == LimitScope::kProcess && d_.accounts.cap().reserved() > 0) measure_outside();
+  if (d_.accounts.cap().reserved() > d_.accounts.cap().budget()) {
     if (!d_.capturing()) process_events();
-    release_.oldest_until(d_.cap.budget());
+    release_.oldest_until(d_.accounts.cap().budget());
   }
   if (release_.threshold() > 0.0) release_.apply_threshold();
   debug_check();
@@ -30,7 +30,7 @@ void DeviceCore::set_scope(LimitScope scope) {
   const LimitScope before = scope_.scope();
   if (scope == before) return;
   scope_.set(d_, scope);
-  if (scope == LimitScope::kProcess && d_.cap.reserved() > 0) {
+  if (scope == LimitScope::kProcess && d_.accounts.cap().reserved() > 0) {
     if (!d_.capturing()) process_events();
     try {
       measure_outside();

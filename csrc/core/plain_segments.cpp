@@ -18,20 +18,18 @@ Block* PlainSegments::grow(Request& r) {
 std::size_t PlainSegments::growth_for(std::size_t size) const { return tight_segment_size(size); }
 
 // The cap first, then the pool's source (the backend, or a MemPool's allocator); the cap is given
-// back if the source refuses or throws.
+// back if the source refuses or throws (core/accounts.h).
 Block* PlainSegments::reserve(Request& r, std::size_t bytes) {
-  void* ptr = d_.cap.grow_noting(r.device_refused, bytes, [&] { return d_.source_of(*r.pool).reserve(bytes); });
+  void* ptr = d_.accounts.map_segment(r.device_refused, r.small, bytes, [&] {
+    void* got = d_.source_of(*r.pool).reserve(bytes);
+    // Memory that is not the allocator's cannot be given back either: the cap forgets it as refused.
+    const auto addr = reinterpret_cast<std::uintptr_t>(got);
+    if (got && d_.segments.overlaps(addr, bytes)) d_.segments.throw_overlap("reserve", addr, bytes);
+    return got;
+  });
   if (!ptr) return nullptr;
-  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  if (d_.segments.overlaps(addr, bytes)) {
-    d_.cap.unreserve(bytes);  // the memory is not the allocator's: it cannot be given back either
-    d_.segments.throw_overlap("reserve", addr, bytes);
-  }
-  Segment* segment = d_.add_segment(*r.pool, r.small, r.stream, addr, bytes);
+  Segment* segment = d_.add_segment(*r.pool, r.small, r.stream, reinterpret_cast<std::uintptr_t>(ptr), bytes);
   segment->mapped = bytes;
-  d_.stats.reserve(r.small, bytes, 1);
-  ++d_.stats.num_device_alloc;
-  d_.note_high();
   return segment->head;
 }
 
@@ -53,9 +51,11 @@ void PlainSegments::release_segment(Segment* segment) {
     segment->source->release(head->ptr(), segment->size);
   }
   segment->pool->blocks_for(segment->small).erase(head);
-  if (!defer) d_.cap.unreserve(segment->size);
-  d_.stats.unreserve(segment->small, segment->size, 1);
-  ++d_.stats.num_device_free;
+  if (defer) {
+    d_.accounts.segment_departing(segment->small, segment->size);
+  } else {
+    d_.accounts.unmap_segment(segment->small, segment->size);
+  }
   d_.erase_segment(segment);
 }
 

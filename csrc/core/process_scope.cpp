@@ -32,7 +32,7 @@ bool ProcessScope::measure(DeviceState& d) {
   const bool measured = source() != OutsideSource::kNone;
   // The first measurement may make the device's context: not while a graph may be capturing.
   if (!measured && d.capturing()) return false;
-  const std::size_t held = d.cap.reserved();
+  const std::size_t held = d.accounts.cap().reserved();
   std::optional<std::size_t> used = d.backend.process_used(d.device);
   // Less than the allocator holds cannot be this process's figure (a pid that names another
   // process, in a container's own pid namespace): as if there were none.
@@ -40,12 +40,12 @@ bool ProcessScope::measure(DeviceState& d) {
   const bool not_ours = used && *used < held;
   if (not_ours) used.reset();
   if (used) {
-    d.cap.set_outside(*used - held);
+    d.accounts.set_outside(*used - held);
     source_.store(OutsideSource::kProcessAccounting, std::memory_order_relaxed);
   } else if (!measured || (not_ours && source() == OutsideSource::kProcessAccounting)) {
     const MemInfo mem = d.backend.mem_info(d.device);
     const std::size_t device_used = mem.total - std::min(mem.free, mem.total);
-    d.cap.set_outside(device_used > held ? device_used - held : 0);
+    d.accounts.set_outside(device_used > held ? device_used - held : 0);
     source_.store(OutsideSource::kDeviceAtFirst, std::memory_order_relaxed);
   }
   return true;
@@ -54,7 +54,7 @@ bool ProcessScope::measure(DeviceState& d) {
 void ProcessScope::set(DeviceState& d, LimitScope scope) {
   scope_ = scope;
   if (scope != LimitScope::kAllocator) return;
-  d.cap.set_outside(0);
+  d.accounts.set_outside(0);
   source_.store(OutsideSource::kNone, std::memory_order_relaxed);
 }
 

@@ -32,7 +32,7 @@ class ProcessScope {
   // Sets the scope; kAllocator forgets what was measured (the cap's outside becomes 0).
   void set(DeviceState& d, LimitScope scope);
   OutsideSource source() const { return source_.load(std::memory_order_relaxed); }  // lock-free
-  // Measures outside into d.cap under kProcess; false where nothing was measured (kAllocator, or a
+  // Measures outside into the cap under kProcess; false where nothing was measured (kAllocator, or a
   // first measurement while a graph may be capturing). After a measurement, reserved may stand
   // above the budget: the caller gives back.
   bool measure(DeviceState& d);

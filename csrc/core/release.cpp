@@ -22,7 +22,7 @@ CacheRelease::CacheRelease(DeviceState& d, Sources& sources, double threshold)
 }
 
 bool CacheRelease::oldest_until(std::size_t reserved_target) {
-  const std::size_t reserved = d_.cap.reserved();
+  const std::size_t reserved = d_.accounts.cap().reserved();
   return reserved > reserved_target && bytes(reserved - reserved_target, ReleaseOrder::kOldest);
 }
 
@@ -31,7 +31,7 @@ bool CacheRelease::bytes(std::size_t need, ReleaseOrder order) {
   std::size_t freed = sources_.plain.release(need, order);
   if (freed < need) freed += sources_.growable.release(need - freed, order);
   if (freed == 0) return false;
-  ++d_.stats.num_cache_releases;
+  d_.accounts.released_cache();
   return true;
 }
 
@@ -44,18 +44,18 @@ bool CacheRelease::all_unused() {
 bool CacheRelease::for_request(const Request& r) {
   const std::size_t bytes_added = sources_.serving(*r.pool).growth_for(r.size);
   // Reserved may stand above a lowered limit: the shortfall counts from there, not from zero headroom.
-  const std::size_t after = d_.cap.reserved() + bytes_added, limit = d_.cap.budget();
+  const std::size_t after = d_.accounts.cap().reserved() + bytes_added, limit = d_.accounts.cap().budget();
   const std::size_t need = r.device_refused ? bytes_added : (after > limit ? after - limit : 0);
   return need > 0 && bytes(need, ReleaseOrder::kForRequest);
 }
 
 void CacheRelease::over_limit() {
-  if (!d_.capturing()) oldest_until(d_.cap.budget());
+  if (!d_.capturing()) oldest_until(d_.accounts.cap().budget());
 }
 
 void CacheRelease::after_free(const Block* merged) {
   // Usually neither holds, and the free ends here.
-  const bool over = d_.cap.reserved() > d_.cap.budget() && !d_.capturing();
+  const bool over = d_.accounts.cap().reserved() > d_.accounts.cap().budget() && !d_.capturing();
   if (!over && threshold_ == 0.0) return;
   // Something became releasable: a whole plain segment, or a free page of a growable one.
   if (!sources_.of(*merged->segment).frees_memory(*merged)) return;
@@ -71,8 +71,8 @@ void CacheRelease::set_threshold(double share) {
 
 void CacheRelease::apply_threshold() {
   // The share is of the limit; under a limit on the whole process, what is outside counts too.
-  const auto share = static_cast<std::size_t>(threshold_ * static_cast<double>(d_.cap.limit()));
-  oldest_until(share > d_.cap.outside() ? share - d_.cap.outside() : 0);
+  const auto share = static_cast<std::size_t>(threshold_ * static_cast<double>(d_.accounts.cap().limit()));
+  oldest_until(share > d_.accounts.cap().outside() ? share - d_.accounts.cap().outside() : 0);
 }
 
 bool CacheRelease::pool_cache(const Pool& pool) {

@@ -67,8 +67,8 @@ void StatLedger::take_in(StatLedger* const* lanes, int count) {
   take(pending_bytes_, &StatLedger::pending_bytes_);
   for (int i = 0; i < count; ++i) {
 #define GPUMEM_TAKE_IN_COUNTER(name, help) \
-  name += lanes[i]->name;                  \
-  lanes[i]->name = 0;
+  name##_ += lanes[i]->name##_;            \
+  lanes[i]->name##_ = 0;
     GPUMEM_STAT_COUNTERS(GPUMEM_TAKE_IN_COUNTER)
 #undef GPUMEM_TAKE_IN_COUNTER
   }
@@ -114,7 +114,7 @@ DeviceStats StatLedger::snapshot() const {
 #undef GPUMEM_READ_FIGURE
   out.active = read_active(allocation_, pending_, active_);
   out.active_bytes = read_active(allocated_bytes_, pending_bytes_, active_bytes_);
-#define GPUMEM_READ_COUNTER(name, help) out.name = name;
+#define GPUMEM_READ_COUNTER(name, help) out.name = name##_;
   GPUMEM_STAT_COUNTERS(GPUMEM_READ_COUNTER)
 #undef GPUMEM_READ_COUNTER
   return out;
@@ -134,7 +134,7 @@ void StatLedger::reset_accumulated() {
 #undef GPUMEM_RESET_FIGURE_ACC
   pending_.reset_accumulated();
   pending_bytes_.reset_accumulated();
-#define GPUMEM_RESET_LEDGER_COUNTER(name, help) name = 0;
+#define GPUMEM_RESET_LEDGER_COUNTER(name, help) name##_ = 0;
   GPUMEM_STAT_COUNTERS(GPUMEM_RESET_LEDGER_COUNTER)
 #undef GPUMEM_RESET_LEDGER_COUNTER
 }

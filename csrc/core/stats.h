@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "core/errors.h"
+
 // X(name, help)
 #define GPUMEM_STAT_ARRAYS(X)                                                        \
   X(allocation, "blocks allocated")                                                  \
@@ -96,7 +98,9 @@ inline void increase_stat(StatArray& stat, bool small_pool, std::int64_t amount)
 //     a figure of its own for active. Active's peak is allocation's peak except while some block is
 //     pending: then hand_out raises a peak of its own (in active_), and the read takes the larger.
 //     Active only grows at hand_out, so that is exact.
-// One branch per event picks the pool. The counters (num_*) are plain fields, as in DeviceStats.
+// One branch per event picks the pool. The counters (num_*) move with their events too: reserve
+// and unreserve count the device's allocations and frees; the rest are counted events. Reserved
+// and the counters change only through the device's accounts (core/accounts.h).
 //
 // A device keeps one ledger, written under the whole device, and each lane one more, written by
 // the lane's cached path under the lane's lock: what its events moved since the device's ledger
@@ -145,18 +149,6 @@ class StatLedger {
     inactive_split_.change(t, blocks);
     inactive_split_bytes_.change(t, bytes);
   }
-  // Memory obtained from the device, or given back to it: `bytes`, in `segments` new or whole
-  // segments (0 for pages mapped into, or unmapped from, a growable segment that stays).
-  void reserve(bool small, std::size_t bytes, int segments) {
-    const int t = pool(small);
-    if (segments > 0) segment_.increase(t, segments);
-    if (bytes > 0) reserved_bytes_.increase(t, static_cast<std::int64_t>(bytes));
-  }
-  void unreserve(bool small, std::size_t bytes, int segments) {
-    const int t = pool(small);
-    if (segments > 0) segment_.decrease(t, segments);
-    if (bytes > 0) reserved_bytes_.decrease(t, static_cast<std::int64_t>(bytes));
-  }
 
   // Whether a freed block is still used by a stream (then hand_out also moves active's own peak).
   bool any_pending() const { return pending_.current[0] != 0 || pending_.current[1] != 0; }
@@ -173,11 +165,42 @@ class StatLedger {
   void reset_peak();
   void reset_accumulated();  // the accumulated figures and the counters
 
-#define GPUMEM_DECLARE_COUNTER(name, help) std::int64_t name = 0;
+ private:
+  friend class Accounts;  // the only writer of reserved and of the counters
+
+  // Memory obtained from the device, or given back to it: `bytes` (each time any, one allocation or
+  // free from the device), in `segments` new or whole segments (0 for pages mapped into, or
+  // unmapped from, a growable segment that stays; no bytes for its address range alone).
+  void reserve(bool small, std::size_t bytes, int segments) {
+    const int t = pool(small);
+    if (segments > 0) segment_.increase(t, segments);
+    if (bytes == 0) return;
+    reserved_bytes_.increase(t, static_cast<std::int64_t>(bytes));
+    ++num_device_alloc_;
+  }
+  void unreserve(bool small, std::size_t bytes, int segments) {
+    const int t = pool(small);
+    if (segments > 0) segment_.decrease(t, segments);
+    if (bytes == 0) return;
+    reserved_bytes_.decrease(t, static_cast<std::int64_t>(bytes));
+    ++num_device_free_;
+  }
+  void count_retry() { ++num_alloc_retries_; }
+  void count_oom(OomKind kind) {
+    ++num_ooms_;
+    switch (kind) {
+      case OomKind::kOverLimit: ++num_ooms_over_limit_; break;
+      case OomKind::kDeviceFull: ++num_ooms_device_full_; break;
+      case OomKind::kFragmentation: ++num_ooms_fragmentation_; break;
+    }
+  }
+  void count_sync_all_streams() { ++num_sync_all_streams_; }
+  void count_cache_release() { ++num_cache_releases_; }
+
+#define GPUMEM_DECLARE_COUNTER(name, help) std::int64_t name##_ = 0;
   GPUMEM_STAT_COUNTERS(GPUMEM_DECLARE_COUNTER)
 #undef GPUMEM_DECLARE_COUNTER
 
- private:
   // One figure: per pool (0 small, 1 large) and for the whole.
   struct Figure {
     std::int64_t current[2] = {0, 0};

@@ -6,28 +6,28 @@
 namespace gpumem {
 
 UncachedMemory::~UncachedMemory() {
-  for (const auto& [addr, bytes] : blocks_) {
-    quietly([&] { backend_.release(device_, reinterpret_cast<void*>(addr), bytes); });
+  for (const auto& [addr, held] : blocks_) {
+    quietly([&] { backend_.release(device_, reinterpret_cast<void*>(addr), held.bytes); });
   }
 }
 
-void* UncachedMemory::reserve(Cap& cap, std::size_t bytes, bool& device_refused) {
-  void* ptr = cap.grow_noting(device_refused, bytes, [&] { return backend_.reserve(device_, bytes); });
+void* UncachedMemory::reserve(Accounts& accounts, std::size_t bytes, std::size_t requested, bool& device_refused) {
+  void* ptr = accounts.map_uncached(device_refused, bytes, requested, [&] { return backend_.reserve(device_, bytes); });
   if (!ptr) return nullptr;
-  blocks_.emplace(reinterpret_cast<std::uintptr_t>(ptr), bytes);
+  blocks_.emplace(reinterpret_cast<std::uintptr_t>(ptr), Held{bytes, requested});
   bytes_ += bytes;
   return ptr;
 }
 
-bool UncachedMemory::release(Cap& cap, void* ptr) {
+bool UncachedMemory::release(Accounts& accounts, void* ptr) {
   const auto it = blocks_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == blocks_.end()) return false;
-  const std::size_t bytes = it->second;
+  const auto [bytes, requested] = it->second;
   // The device's own free waits for work queued on the memory, as cudaFree does.
   backend_.release(device_, ptr, bytes);
   blocks_.erase(it);
   bytes_ -= bytes;
-  cap.unreserve(bytes);
+  accounts.unmap_uncached(bytes, requested);
   return true;
 }
 

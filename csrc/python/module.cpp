@@ -26,11 +26,7 @@
 #include <vector>
 
 #include "backends/sim_backend.h"
-#include "core/caching_allocator.h"
-#include "core/errors.h"
-#include "core/sizing.h"
-#include "core/limit_spec.h"
-#include "core/pressure.h"
+#include "core/api.h"
 #include "sharing/member.h"
 #include "torch/install.h"
 #include "torch/startup.h"
@@ -77,7 +73,7 @@ py::list snapshot_list(const DeviceAllocator& device) {
   return segments;
 }
 
-// A scope as Python names it (python/gpumem/_scope.py checks it first, naming the forms).
+// A scope as Python names it (python/gpumem/settings/scope.py checks it first, naming the forms).
 LimitScope scope_of(const std::string& name) {
   if (name == limit_scope_name(LimitScope::kAllocator)) return LimitScope::kAllocator;
   if (name == limit_scope_name(LimitScope::kProcess)) return LimitScope::kProcess;
@@ -86,7 +82,7 @@ LimitScope scope_of(const std::string& name) {
 
 void set_limit_bytes(DeviceAllocator& device, std::optional<std::size_t> nbytes) { device.set_limit(nbytes); }
 
-// ---- what monitoring reads (python/gpumem/metrics.py, pressure.py) ----
+// ---- what monitoring reads (python/gpumem/monitoring/metrics.py, pressure.py) ----
 // Counts no devices and makes no allocator: a device nobody used is not listed, so monitoring
 // never starts CUDA.
 
@@ -100,27 +96,33 @@ py::list existing_device_list(const CachingAllocator& core) {
 // (the lock held only for the copy), the device's own free and total where it can say (None if
 // asking fails, or when not `device_memory`: the publisher makes no CUDA call). The GIL is released
 // while they are read.
+// Reserved is the statistics' (reserved_bytes.all.current, read with its peak), what memory_stats,
+// the report and the timeline show too; "counted" and "counted_peak" are the cap's, what the limit
+// measures (python/gpumem/monitoring/figures.py: Note [which reserved]).
 py::dict device_figures(DeviceAllocator& device, bool device_memory) {
-  std::size_t reserved = 0, limit = 0, outside = 0;
+  std::size_t reserved = 0, limit = 0, outside = 0, counted = 0, counted_peak = 0;
   OutsideSource source = OutsideSource::kNone;
   LimitScope scope = LimitScope::kAllocator;
   DeviceStats stats;
   std::optional<MemInfo> mem;
   {
     py::gil_scoped_release release;
-    reserved = device.reserved();
     limit = device.limit();
     outside = device.cap().outside();
+    counted = device.cap().counted();
+    counted_peak = device.cap().counted_peak();
     source = device.outside_source();
     scope = device.settings().scope;
     stats = device.stats();
+    reserved = static_cast<std::size_t>(stats.reserved_bytes[kAll].current);
     // Asking the driver makes a CUDA context on a device that has none (one set_limit configured
     // but the program never used): only a device that holds memory, and so has one, is asked.
     if (device_memory && reserved > 0) quietly([&] { mem = device.device_mem_info(); });
   }
   py::object free = mem ? py::cast(mem->free) : py::none();
   py::object total = mem ? py::cast(mem->total) : py::none();
-  return py::dict(py::arg("reserved") = reserved, py::arg("limit") = limit, py::arg("stats") = stats_dict(stats),
+  return py::dict(py::arg("reserved") = reserved, py::arg("counted") = counted, py::arg("counted_peak") = counted_peak,
+                  py::arg("limit") = limit, py::arg("stats") = stats_dict(stats),
                   py::arg("device_free") = free, py::arg("device_total") = total,
                   py::arg("scope") = limit_scope_name(scope), py::arg("outside") = outside,
                   py::arg("outside_source") = outside_source_name(source));
@@ -169,6 +171,15 @@ class SimAllocator {
     return reinterpret_cast<std::uintptr_t>(core_.raw_alloc(device, size, stream));
   }
   void free(std::uintptr_t addr) { core_.raw_free(reinterpret_cast<void*>(addr)); }
+  // As the torch adapter allocates while caching is off (torch.cuda.caching_allocator_enable(False)).
+  std::uintptr_t malloc_uncached(int device, std::size_t size) {
+    return reinterpret_cast<std::uintptr_t>(core_.device(device).malloc_uncached(size));
+  }
+  void free_uncached(int device, std::uintptr_t addr) {
+    if (!core_.device(device).free_uncached(reinterpret_cast<void*>(addr))) {
+      throw std::invalid_argument("gpumem: free_uncached of an address malloc_uncached did not return");
+    }
+  }
   void record_stream(std::uintptr_t addr, StreamId stream) {
     if (!core_.raw_record_stream(reinterpret_cast<void*>(addr), stream)) {
       throw std::invalid_argument("gpumem: record_stream of an address malloc did not return");
@@ -209,7 +220,7 @@ py::object oom_object(PyObject* type, const OutOfMemoryError& e) {
 }
 
 // _C.LimitSpecError carries the parts its message was made from (core/errors.h), so that the
-// package words its own messages from them (python/gpumem/_limits.py) rather than parse this one.
+// package words its own messages from them (python/gpumem/settings/limits.py) rather than parse this one.
 py::object limit_spec_object(PyObject* type, const LimitSpecError& e) {
   py::object error = py::reinterpret_borrow<py::object>(type)(e.what());
   error.attr("setting") = e.setting();
@@ -267,7 +278,7 @@ void register_errors(py::module_& m) {
 
 void bind_limits(py::module_& m) {
   m.attr("limit_forms") = kLimitForms;
-  m.attr("SHOWN_LENGTH") = kShownBytes;  // python/gpumem/_words.py cuts the user's text after as many
+  m.attr("SHOWN_LENGTH") = kShownBytes;  // python/gpumem/settings/echo.py cuts the user's text after as many
   m.attr("PRESSURE_REARM_GAP") = kPressureRearmGap;
   m.attr("MAX_PRESSURE_SHARES") = kMaxPressureWatches;
   m.def("parse_limit", &parse_limit, py::arg("spec"), py::arg("device_total"),
@@ -505,7 +516,7 @@ void bind_process_allocator(py::module_& m) {
         "The devices in use (their allocator made), without counting devices or starting CUDA.");
   m.def("device_figures", [core](int device, bool device_memory) { return figures_of(core(), device, device_memory); },
         py::arg("device"), py::arg("device_memory") = true,
-        "A device in use: reserved, limit, stats, scope, outside, sharing, device_free and device_total (None "
+        "A device in use: reserved, counted, counted_peak, limit, stats, scope, outside, sharing, device_free and device_total (None "
         "where unknown, or not asked: device_memory=False).");
   m.def("watch_pressure", [core](double share) { core().watch_pressure(share); }, py::arg("share"),
         "Counts crossings of `share` of the limit on every device, those used later too.");
@@ -530,6 +541,9 @@ void bind_sim_allocator(py::module_& m) {
       .def("share_status", [](SimAllocator& s, int device) { return share_status(s.core(), device); }, py::arg("device"))
       .def("share_leave", [](SimAllocator& s) { leave_sharing(s.core()); }, py::call_guard<py::gil_scoped_release>())
       .def("free", &SimAllocator::free, py::arg("addr"))
+      .def("malloc_uncached", &SimAllocator::malloc_uncached, py::arg("device"), py::arg("size"),
+           "Memory of its own from the device, as while caching is off; free_uncached gives it back.")
+      .def("free_uncached", &SimAllocator::free_uncached, py::arg("device"), py::arg("addr"))
       .def("record_stream", &SimAllocator::record_stream, py::arg("addr"), py::arg("stream"))
       .def("set_limit", [](SimAllocator& s, int device, const std::string& spec) { s.device(device).set_limit(std::string_view(spec)); },
            py::arg("device"), py::arg("spec"))

@@ -516,3 +516,40 @@ TEST_CASE("a request that releases cache twice counts as one retry", "[stats][fa
   REQUIRE(sim.stats().num_ooms == 1);
   REQUIRE(sim.stats().num_alloc_retries == 1);
 }
+
+// ---- caching off, and what the cap counts ----------------------------------------------------
+
+TEST_CASE("memory handed out while caching is off counts as a reserved segment holding an allocated block",
+          "[stats][uncached]") {
+  Sim sim;
+  void* ptr = sim.alloc.malloc_uncached(3 * MiB + 1);
+  const I bytes = 3 * kMiB + 512;
+  DeviceStats s = sim.stats();
+  require_stat(s.reserved_bytes[kAll], bytes, bytes, bytes, 0);
+  require_stat(s.allocated_bytes[kAll], bytes, bytes, bytes, 0);
+  require_stat(s.segment[kLargePool], 1, 1, 1, 0);
+  require_stat(s.allocation[kLargePool], 1, 1, 1, 0);
+  CHECK(s.requested_bytes[kAll].current == 3 * kMiB + 1);
+  CHECK(s.num_device_alloc == 1);
+  CHECK(static_cast<I>(sim.alloc.reserved()) == s.reserved_bytes[kAll].current);
+  REQUIRE(sim.alloc.free_uncached(ptr));
+  s = sim.stats();
+  require_stat(s.reserved_bytes[kAll], 0, bytes, bytes, bytes);
+  require_stat(s.allocated_bytes[kAll], 0, bytes, bytes, bytes);
+  CHECK(s.requested_bytes[kAll].current == 0);
+  CHECK(s.num_device_free == 1);
+  sim.alloc.check_invariants();
+}
+
+TEST_CASE("the cap keeps the peak of what it counts beside it, reset with the statistics' peaks", "[stats][cap]") {
+  Sim sim;
+  Block* big = sim.malloc(40 * MiB);
+  sim.free(sim.malloc(100 * MiB));
+  sim.alloc.empty_cache();
+  CHECK(sim.alloc.cap().counted() == 40 * MiB);
+  CHECK(sim.alloc.cap().counted_peak() == 140 * MiB);
+  sim.alloc.reset_peak_stats();
+  CHECK(sim.alloc.cap().counted_peak() == 40 * MiB);
+  sim.free(big);
+  CHECK(sim.alloc.cap().counted_peak() >= sim.alloc.cap().counted());
+}

@@ -1,5 +1,6 @@
-// torch.cuda.caching_allocator_enable(False): nothing is cached, the statistics are left alone as
-// native leaves them, and the cap still holds.
+// torch.cuda.caching_allocator_enable(False): nothing is cached, the statistics count the memory
+// (each allocation a segment holding one allocated block: Note [caching off in the statistics],
+// core/uncached.h, where native counts nothing), and the cap still holds.
 #include <catch2/catch.hpp>
 
 #include <c10/util/Exception.h>
@@ -27,11 +28,15 @@ TEST_CASE("with caching off a freed tensor goes back to the device at once", "[t
   REQUIRE(ptr.get_deleter() == sim.adapter.raw_deleter());
   REQUIRE(in_use(sim) == 3 * MiB + 512);
   REQUIRE(sim.reserved() == 3 * MiB + 512);
-  REQUIRE(allocated(sim) == 0);
+  REQUIRE(allocated(sim) == 3 * MiB + 512);
+  REQUIRE(sim.core_device().stats().reserved_bytes[kAll].current == 3 * MiB + 512);
   REQUIRE(sim.core_device().snapshot().empty());
   ptr.clear();
   REQUIRE(in_use(sim) == 0);
   REQUIRE(sim.reserved() == 0);
+  REQUIRE(allocated(sim) == 0);
+  REQUIRE(sim.core_device().stats().reserved_bytes[kAll].current == 0);
+  REQUIRE(sim.core_device().stats().reserved_bytes[kAll].peak == 3 * MiB + 512);
   sim.core_device().check_invariants();
 }
 
@@ -72,17 +77,19 @@ TEST_CASE("cached memory counts against the cap beside uncached memory", "[torch
   sim.core_device().check_invariants();
 }
 
-TEST_CASE("raw_alloc with caching off leaves the statistics alone, and with caching on it counts", "[torch][uncached]") {
+TEST_CASE("raw_alloc counts in the statistics with caching off as with caching on", "[torch][uncached]") {
   SimAdapter sim;
   sim.adapter.enable(false);
   void* ptr = sim.adapter.raw_alloc(1 * MiB);
-  REQUIRE(sim.core_device().stats().requested_bytes[kAll].allocated == 0);
+  REQUIRE(sim.core_device().stats().requested_bytes[kAll].allocated == 1 * MiB);
+  REQUIRE(sim.core_device().stats().num_device_alloc == 1);
   REQUIRE(in_use(sim) == 1 * MiB);
   sim.adapter.raw_delete(ptr);
   REQUIRE(in_use(sim) == 0);
+  REQUIRE(sim.core_device().stats().num_device_free == 1);
   sim.adapter.enable(true);
   ptr = sim.adapter.raw_alloc(1 * MiB);
-  REQUIRE(sim.core_device().stats().requested_bytes[kAll].allocated == 1 * MiB);
+  REQUIRE(sim.core_device().stats().requested_bytes[kAll].allocated == 2 * MiB);
   sim.adapter.raw_delete(ptr);
 }
 

@@ -142,7 +142,8 @@ class FixedSource:
 
     def __init__(self, reserved: int, limit: int, device_free, device_total):
         stats = {key: 0 for key in _C.SimAllocator(GiB).stats(0)}
-        self.figures = {"reserved": reserved, "limit": limit, "stats": stats, "device_free": device_free,
+        self.figures = {"reserved": reserved, "counted": reserved, "counted_peak": reserved, "limit": limit,
+                        "stats": stats, "device_free": device_free,
                         "device_total": device_total, "scope": "allocator", "outside": 0, "outside_source": "none"}
 
     def existing_devices(self):

@@ -7,11 +7,14 @@ The Prometheus metrics (gpumem.metrics), the file each process publishes for `gp
 figure cannot be in one view and missing from another, nor read two ways.
 
 Note [which reserved]
-  Two counts of reserved memory exist: the statistics' reserved_bytes, the segments the pools hold,
-  and the cap's reserved (core/cap.h), which also counts memory handed out while caching is off
-  (torch.cuda.caching_allocator_enable(False); core/uncached.h). The limit is checked against the
-  cap's, so that is the one every view shows: a user who compares reserved with the limit sees the
-  number the refusals use. The peak is the statistics' (the cap keeps none).
+  Reserved is one figure: what the device handed gpumem (segments, mapped pages, and memory handed
+  out while caching is off: Note [caching off in the statistics], core/uncached.h), read from the
+  statistics (reserved_bytes.all.current) with its peak, so the report, memory_stats, the timeline,
+  the metrics and gpumem top show the same value, and never a peak below it.
+  What the limit measures is another figure, "counted" (the cap's, core/cap.h): reserved, plus under
+  a limit on the whole process (GPUMEM_SCOPE=process) the process's memory outside gpumem. It has a
+  name and a peak of its own everywhere it is shown (gpumem_counted_bytes, gpumem_counted_peak_bytes,
+  top's counted_bytes), and the share of the limit is its.
 """
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ class Figure:
     --json`, the metric's without "gpumem_"; `label`: the metric's extra label, its value either
     read by `label_of` (a figure that is one count) or the keys of the {label value: count} the
     figure is, which are `label_values` (a published file holds a count for each); `default`: what the figure is where `read` gives None, and what a published file
-    without it reads as (None: not published there, and the file must hold it)."""
+    without it reads as (None: not published there, and the file must hold it, unless `older` says
+    how an older gpumem's file, written before the figure was, reads: from its other figures)."""
     metric: str
     kind: str  # "gauge" or "counter"
     help: str
@@ -46,6 +50,7 @@ class Figure:
     label_of: Optional[Callable[[dict], str]] = None
     label_values: tuple = ()
     default: Optional[int] = None
+    older: Optional[Callable[[dict], int]] = None
 
     @property
     def document(self) -> str:
@@ -53,7 +58,8 @@ class Figure:
 
 
 def reserved(figures: dict) -> int:
-    """The cap's reserved: Note [which reserved]."""
+    """What the device handed gpumem: Note [which reserved]. device_figures reads it from the
+    statistics (reserved_bytes.all.current), in the same read as its peak."""
     return figures["reserved"]
 
 
@@ -66,7 +72,7 @@ def _sharing(key: str) -> Callable[[dict], Optional[int]]:
 
 
 def _counted(figures: dict) -> int:
-    return reserved(figures) + figures["outside"]  # outside is 0 but under a limit on the whole process
+    return figures["counted"]  # reserved + outside, which is 0 but under a limit on the whole process
 
 
 def _process_outside(figures: dict) -> Optional[int]:
@@ -86,8 +92,8 @@ FIGURES = (
     Figure("gpumem_allocated_peak_bytes", "gauge", "The most allocated since the start or the last peak reset.",
            _stat("allocated_bytes.all.peak"), key="allocated_peak"),
     Figure("gpumem_reserved_bytes", "gauge",
-           "Bytes gpumem holds from the device, counted against the limit: torch.cuda.memory_reserved, plus "
-           "memory handed out while caching is off.",
+           "Bytes the device handed gpumem (torch.cuda.memory_reserved): segments, and memory handed out while "
+           "caching is off.",
            reserved, key="reserved"),
     Figure("gpumem_reserved_peak_bytes", "gauge", "The most reserved since the start or the last peak reset.",
            _stat("reserved_bytes.all.peak"), key="reserved_peak"),
@@ -96,7 +102,11 @@ FIGURES = (
            lambda figures: figures["limit"], key="limit"),
     Figure("gpumem_counted_bytes", "gauge",
            "What the limit measures: reserved, plus the process's memory outside gpumem under a limit on the "
-           "whole process (GPUMEM_SCOPE=process).", _counted),
+           "whole process (GPUMEM_SCOPE=process).", _counted, key="counted",
+           older=lambda device: device["reserved"] + device["outside"]),
+    Figure("gpumem_counted_peak_bytes", "gauge", "The most counted since the start or the last peak reset.",
+           lambda figures: figures["counted_peak"], key="counted_peak",
+           older=lambda device: device["reserved_peak"] + device["outside"]),
     Figure("gpumem_free_under_limit_bytes", "gauge",
            "Bytes gpumem may still reserve before the limit refuses: limit - reserved (- the process's memory "
            "outside gpumem under a limit on the whole process), 0 above a lowered limit.",

@@ -8,11 +8,12 @@ MAX_FILE_BYTES, of FORMAT:
     {"format": 1, "pid": 4242, "start_time": 81234567, "pid_namespace": "pid:[4026531836]",
      "job": "bert", "devices": [{"index": 0, "uuid": "5e4f...", "device_total": 150...,
      "allocated": ..., "allocated_peak": ..., "reserved": ..., "reserved_peak": ...,
-     "limit": 21474836480, "outside": 0, "ooms": {"over_limit": 0, "device_full": 0, "fragmentation": 0},
+     "counted": ..., "counted_peak": ..., "limit": 21474836480, "outside": 0, "ooms": {"over_limit": 0, "device_full": 0, "fragmentation": 0},
      "floor": 0, "borrowed": 0, "given_back": 0, "asks_served": 0, "scope": "allocator", "sharing": false}]}
 
 A device's figures are those of gpumem.monitoring.figures.PUBLISHED, under their keys, read as that list
-says (reserved is the cap's: Note [which reserved] there). "scope" is what the limit bounds
+says (reserved and counted, each with its peak: Note [which reserved] there; an older gpumem's file
+without counted reads as reserved + outside). "scope" is what the limit bounds
 ("process": the whole process, as gpumem.set_limit's scope) and "outside" the process's memory
 outside gpumem counted against it (0 under "allocator"); a file without them, or without the
 sharing figures (an older gpumem's), reads as "allocator" and 0.
@@ -241,7 +242,11 @@ def _checked_device(data: object) -> dict:
     checked = {"index": _count(data.get("index"), "index", MAX_DEVICES - 1),
                "uuid": _text(data.get("uuid"), "uuid", optional=True),
                "device_total": None if total is None else _count(total, "device_total")}
-    checked.update({figure.key: _checked_figure(figure, data) for figure in figures.PUBLISHED})
+    checked.update({figure.key: _checked_figure(figure, data) for figure in figures.PUBLISHED
+                    if figure.older is None or figure.key in data})
+    for figure in figures.PUBLISHED:  # an older gpumem's file, without the figures added since
+        if figure.key not in checked:
+            checked[figure.key] = figure.older(checked)
     scope = data.get("scope", _scope.ALLOCATOR)
     if scope not in (_scope.ALLOCATOR, _scope.PROCESS):
         raise ValueError(f"scope is not {_scope.FORMS}")

@@ -238,8 +238,8 @@ def _row(gpu, pid, entry, device, used, in_nvml: bool, warn_at: float, proc: str
     user = _proc.user_of(pid, proc) if pid is not None else None
     if user is None and entry is not None:
         user = _proc.user_name(entry.uid)  # the file's owner
-    # Under a limit on the whole process the share is of what the limit measures: reserved + outside.
-    share = (device["reserved"] + device["outside"]) / device["limit"] if device and device["limit"] else None
+    # The share is of what the limit measures: counted (reserved, + outside under a limit on the whole process).
+    share = device["counted"] / device["limit"] if device and device["limit"] else None
     return Row(gpu=gpu, pid=pid, own_pid=entry.pid if entry and entry.pid != pid else None, user=user,
                job=entry.job if entry else None, command=_proc.command_of(pid, proc) if pid is not None else None,
                used=used, figures=device, in_nvml=in_nvml, share=share, past=share is not None and share >= warn_at)

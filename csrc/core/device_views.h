@@ -1,0 +1,57 @@
+// What one device reports of itself, as values: a snapshot's segments and blocks, the work counts,
+// the settings in effect; and a private pool's options. DeviceCore makes them (core/device_views.cpp),
+// the facade (core/device_allocator.h) hands them out.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/pool.h"
+#include "core/process_scope.h"
+
+namespace gpumem {
+
+// A read-only picture of the device's memory, for snapshots and reports.
+struct BlockInfo {
+  std::uintptr_t addr;
+  std::size_t size;
+  std::size_t requested;
+  enum State { kFree, kAllocated, kPendingFree } state;
+};
+struct SegmentInfo {
+  std::uintptr_t addr;
+  std::size_t size;
+  StreamId stream;
+  PoolId pool;
+  bool small;
+  bool growable;  // a mapped stretch of a growable segment: one SegmentInfo per stretch
+  std::vector<BlockInfo> blocks;
+};
+
+// How the work went, for tests and benchmarks: the mallocs and frees that took the whole device
+// (every other call was served by its stream's lane alone); every Block the arenas made, spare or
+// in segments, the host memory the block lists hold (flat while the blocks in use are: every Block
+// keeps its home, core/lanes.h); the blocks growable segments' unmapping walks looked at
+// (GrowableSegments::blocks_visited).
+struct WorkCounts {
+  std::uint64_t on_device = 0;
+  std::size_t blocks_made = 0;
+  std::uint64_t growable_blocks_visited = 0;
+  std::size_t growable_moved = 0;      // bytes unmapped, ever, to make room at the high mark
+  std::size_t growable_allowance = 0;  // bytes a growth may pass the high mark by now (GrowableSegments)
+};
+
+// A private pool's options (MemPool's). kNoSplit: its blocks are never split (it can only be
+// turned on: blocks already split would break it). kUseOnOom: while held, its cached free blocks
+// may serve a default-pool request that could not get new memory.
+enum class PoolOption { kNoSplit, kUseOnOom };
+
+struct DeviceSettings {
+  LimitScope scope = LimitScope::kAllocator;
+  double release_threshold = 0.0;
+  bool growable = false;
+};
+
+}  // namespace gpumem
