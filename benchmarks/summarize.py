@@ -174,16 +174,9 @@ def threaded_workload(out: pathlib.Path) -> None:
         else:
             row("9", figure, f"{mid:.0f} ops/s ({mid / native:.3f} x native; {spread(ops[a], ' ops/s')})",
                 f">= {WORKLOAD_TARGET:g} x native", at_least(mid / native, WORKLOAD_TARGET))
-    ceiling_runs = [r["ops_per_s"] for r in rounds(out, "threads-native-noalloc")]
-    figure = "multithreaded workload with no allocator work (views of one buffer a thread), native"
-    if not ceiling_runs:
-        missing("9", figure, "threads-native-noalloc-*.log")
-    elif native is None:
-        row("9", figure, f"{statistics.median(ceiling_runs):.0f} ops/s ({spread(ceiling_runs, ' ops/s')})")
-    else:
-        ceiling = statistics.median(ceiling_runs)
-        row("9", figure, f"{ceiling:.0f} ops/s ({ceiling / native:.3f} x native; {spread(ceiling_runs, ' ops/s')})",
-            "-", f"the ceiling: an allocator that cost nothing would give {ceiling / native:.3f} x native")
+    no_allocator_row("9", "multithreaded workload with no allocator work (views of one buffer a thread), native",
+                     [r["ops_per_s"] for r in rounds(out, "threads-native-noalloc")], "threads-native-noalloc-*.log",
+                     native, "ops/s", " ops/s", "the ceiling")
     figure = "multithreaded workload, highest peak reserved over the processes: gpumem / native"
     if not all(by.values()):
         return missing("9", figure, "threads-*.log")
@@ -193,6 +186,19 @@ def threaded_workload(out: pathlib.Path) -> None:
     verdict = f"missed: passed it in {passed} of {len(by['gpumem'])} processes" if passed else "met"
     row("9", figure, f"{peaks['gpumem'] / GiB:.3f} / {peaks['native'] / GiB:.3f} GiB (gpumem's limit {limit / GiB:.3f} GiB)",
         "gpumem <= its limit", verdict)
+
+
+def no_allocator_row(part: str, figure: str, runs: list, log: str, native, unit: str, spread_unit: str,
+                     bound: str) -> None:
+    """A reference row: the same work with no allocator work, so what an allocator that cost
+    nothing would give (part 2's floor, part 9's ceiling), against native where it was measured."""
+    if not runs:
+        return missing(part, figure, log)
+    mid = statistics.median(runs)
+    if native is None:
+        return row(part, figure, f"{mid:.0f} {unit} ({spread(runs, spread_unit)})")
+    row(part, figure, f"{mid:.0f} {unit} ({mid / native:.3f} x native; {spread(runs, spread_unit)})", "-",
+        f"{bound}: an allocator that cost nothing would give {mid / native:.3f} x native")
 
 
 def torch_empty(out: pathlib.Path) -> None:
@@ -215,15 +221,8 @@ def torch_empty(out: pathlib.Path) -> None:
         row("2", "torch.empty + release, gpumem",
             f"{gpumem:.0f} ns/pair ({gpumem / native:.3f} x native; {spread(by['gpumem'], ' ns')})",
             f"<= {EMPTY_TARGET} x native", at_most(gpumem / native, EMPTY_TARGET))
-    figure = "torch.empty + release of 0-byte tensors, native: torch's share, no allocator work"
-    if not zero:
-        missing("2", figure, "torch_empty-native-zero-*.log")
-    elif native is None:
-        row("2", figure, f"{statistics.median(zero):.0f} ns/pair ({spread(zero, ' ns')})")
-    else:
-        floor = statistics.median(zero)
-        row("2", figure, f"{floor:.0f} ns/pair ({floor / native:.3f} x native; {spread(zero, ' ns')})", "-",
-            f"the floor: an allocator that cost nothing would give {floor / native:.3f} x native")
+    no_allocator_row("2", "torch.empty + release of 0-byte tensors, native: torch's share, no allocator work", zero,
+                     "torch_empty-native-zero-*.log", native, "ns/pair", " ns", "the floor")
 
 
 TRAINING = ("gpumem", "gpumem-plain", "native", "native-expandable")
