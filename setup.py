@@ -100,9 +100,11 @@ def cuda_include_dir():
     cudart_dir, _ = cudart_library()
     candidates = [os.path.join(os.path.dirname(cudart_dir), "include"),
                   os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")]
-    found = [d for d in candidates if os.path.exists(os.path.join(d, "cuda_runtime_api.h"))]
+    # Whole sets only: some runtime wheels ship cuda_runtime_api.h without the crt/ it includes.
+    needed = ("cuda_runtime_api.h", "cuda.h", os.path.join("crt", "host_defines.h"))
+    found = [d for d in candidates if all(os.path.exists(os.path.join(d, h)) for h in needed)]
     if not found:
-        raise SystemExit(f"gpumem: no CUDA runtime headers (cuda_runtime_api.h) in {' or '.join(candidates)}; "
+        raise SystemExit(f"gpumem: no whole set of CUDA runtime headers ({', '.join(needed)}) in {' or '.join(candidates)}; "
                          "install the CUDA toolkit's headers and set CUDA_HOME to it")
     if torch.version.cuda is None:
         return found[0]

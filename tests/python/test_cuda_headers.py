@@ -21,6 +21,9 @@ def setup_module():
 def headers(directory, cudart_version):
     directory.mkdir(parents=True)
     (directory / "cuda_runtime_api.h").write_text(f"#pragma once\n#define CUDART_VERSION {cudart_version}\n")
+    (directory / "cuda.h").write_text("#pragma once\n")
+    (directory / "crt").mkdir()
+    (directory / "crt" / "host_defines.h").write_text("#pragma once\n")
     return directory
 
 
@@ -55,6 +58,12 @@ def test_the_toolkit_serves_where_the_runtime_brought_no_headers(monkeypatch, se
     assert setup_module.cuda_include_dir() == str(toolkit)
 
 
+def test_a_runtime_wheel_without_the_headers_its_headers_include_is_passed_over(monkeypatch, setup_module, tmp_path):
+    wheel, toolkit = arrange(monkeypatch, setup_module, tmp_path, "13.0", 13000, 13000)
+    (wheel / "crt" / "host_defines.h").unlink()  # as the cu13 runtime wheel some torch images carry
+    assert setup_module.cuda_include_dir() == str(toolkit)
+
+
 def test_headers_of_another_major_version_only_stop_the_build_with_both_named(monkeypatch, setup_module, tmp_path):
     _, toolkit = arrange(monkeypatch, setup_module, tmp_path, "12.4", None, 13000)
     with pytest.raises(SystemExit, match=r"CUDA 12\.4's runtime.*" + str(toolkit).replace(".", r"\.") + ".*CUDA 12 toolkit"):
@@ -63,7 +72,7 @@ def test_headers_of_another_major_version_only_stop_the_build_with_both_named(mo
 
 def test_no_headers_at_all_stop_the_build_naming_where_it_looked(monkeypatch, setup_module, tmp_path):
     arrange(monkeypatch, setup_module, tmp_path, "13.0", None, None)
-    with pytest.raises(SystemExit, match=r"no CUDA runtime headers.*" + str(tmp_path / "cuda").replace(".", r"\.")):
+    with pytest.raises(SystemExit, match=r"no whole set of CUDA runtime headers.*" + str(tmp_path / "cuda").replace(".", r"\.")):
         setup_module.cuda_include_dir()
 
 
