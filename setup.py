@@ -86,36 +86,45 @@ def cudart_library():
     return os.path.join(cuda_home, "lib64"), "cudart"
 
 
-def cuda_include_dir():
+def _quoted_includes(header):
+    return re.findall(r'^\s*#\s*include\s+"([^"]+)"', open(header).read(), re.MULTILINE)
+
+
+def cuda_include_dirs():
     """The CUDA runtime headers to compile against: those of the runtime torch loads.
 
     The runtime API changes between CUDA major versions under the same names (cudaDeviceProp's
     layout, the capture calls' parameters, cudaGetDriverEntryPoint), so headers of another major
     than torch's runtime compile but call it wrongly or fail to load (CUDA 13 headers against
     torch 2.6's CUDA 12.4 runtime: undefined symbol cudaGetDriverEntryPointByVersion). The pip
-    wheel of torch's runtime ships its headers beside its library; a toolkit at CUDA_HOME (default
-    /usr/local/cuda) is used where it has none, and only when its major version is torch's.
+    wheel of torch's runtime ships its API headers beside its library, but not always the crt/
+    headers they include (compiler macros): a toolkit at CUDA_HOME (default /usr/local/cuda) comes
+    after it for those, and serves alone where the wheel has no headers, only when its major
+    version is torch's.
     """
     import torch
     cudart_dir, _ = cudart_library()
-    candidates = [os.path.join(os.path.dirname(cudart_dir), "include"),
-                  os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")]
-    # Whole sets only: some runtime wheels ship cuda_runtime_api.h without the crt/ it includes.
-    needed = ("cuda_runtime_api.h", "cuda.h", os.path.join("crt", "host_defines.h"))
-    found = [d for d in candidates if all(os.path.exists(os.path.join(d, h)) for h in needed)]
-    if not found:
-        raise SystemExit(f"gpumem: no whole set of CUDA runtime headers ({', '.join(needed)}) in {' or '.join(candidates)}; "
+    wheel = os.path.join(os.path.dirname(cudart_dir), "include")
+    toolkit = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")
+    candidates = [d for d in (wheel, toolkit) if os.path.exists(os.path.join(d, "cuda_runtime_api.h"))]
+    if not candidates:
+        raise SystemExit(f"gpumem: no CUDA runtime headers (cuda_runtime_api.h) in {wheel} or {toolkit}; "
                          "install the CUDA toolkit's headers and set CUDA_HOME to it")
-    if torch.version.cuda is None:
-        return found[0]
-    wanted = int(torch.version.cuda.split(".")[0])
-    for directory in found:
-        text = open(os.path.join(directory, "cuda_runtime_api.h")).read()
+    wanted = None if torch.version.cuda is None else int(torch.version.cuda.split(".")[0])
+    for api_dir in candidates:
+        text = open(os.path.join(api_dir, "cuda_runtime_api.h")).read()
         version = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", text)
-        if version and int(version.group(1)) // 1000 == wanted:
-            return directory
+        if wanted is not None and not (version and int(version.group(1)) // 1000 == wanted):
+            continue
+        dirs = [api_dir] + [d for d in (toolkit,) if d != api_dir and os.path.isdir(d)]
+        missing = [name for name in _quoted_includes(os.path.join(api_dir, "cuda_runtime_api.h"))
+                   if not any(os.path.exists(os.path.join(d, name)) for d in dirs)]
+        if missing:
+            raise SystemExit(f"gpumem: the CUDA runtime headers in {api_dir} include {', '.join(missing)}, found "
+                             f"neither there nor in {toolkit}; set CUDA_HOME to a CUDA toolkit")
+        return dirs
     raise SystemExit(f"gpumem: torch {torch.__version__} runs CUDA {torch.version.cuda}'s runtime, but the CUDA "
-                     f"headers in {' and '.join(found)} are of another major version; set CUDA_HOME to a "
+                     f"headers in {' and '.join(candidates)} are of another major version; set CUDA_HOME to a "
                      f"CUDA {wanted} toolkit, or install the runtime's headers with torch's CUDA runtime wheel")
 
 
@@ -203,7 +212,7 @@ def extension():
     return CppExtension(
         name="gpumem._C",
         sources=sources,
-        include_dirs=[os.path.abspath("csrc"), cuda_include_dir()],
+        include_dirs=[os.path.abspath("csrc")] + cuda_include_dirs(),
         library_dirs=[cudart_dir],
         libraries=["c10_cuda", "torch_cuda", cudart],
         define_macros=[tuple(m.split("=")) for m in torch_feature_macros()],
