@@ -11,6 +11,8 @@ import time
 import pytest
 import torch
 
+from gpumem.monitoring import published
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 pytest.importorskip("pynvml")  # nvidia-ml-py, which gpumem top reads the GPUs through
 
@@ -38,6 +40,12 @@ def start(run_dir: str, how: str, limit: str, mib: int, job: str) -> subprocess.
     return child
 
 
+def published_by(run_dir: str, pid: int) -> list:
+    """The figures files of process `pid` in the run directory, by the names publishing gives them."""
+    return [name for name in os.listdir(run_dir)
+            if (match := published.NAME.fullmatch(name)) and int(match.group(1)) == pid]
+
+
 def top_json(run_dir: str) -> dict:
     env = {**os.environ, "GPUMEM_RUN_DIR": run_dir}
     done = subprocess.run([sys.executable, "-m", "gpumem", "top", "--json"], env=env, capture_output=True,
@@ -59,7 +67,7 @@ def test_gpumem_top_shows_real_processes_with_their_figures(tmp_path):
             time.sleep(0.2)
         killed.send_signal(signal.SIGKILL)
         killed.wait()
-        assert os.path.exists(os.path.join(run_dir, f"{killed.pid}.json"))  # left behind
+        assert published_by(run_dir, killed.pid)  # left behind
         document = top_json(run_dir)
     finally:
         for child in children:
@@ -85,4 +93,4 @@ def test_gpumem_top_shows_real_processes_with_their_figures(tmp_path):
     assert rows[native.pid]["gpumem"] is None and rows[native.pid]["used_bytes"] >= 256 * MiB
     assert killed.pid not in rows
     assert document["stale_removed"] >= 1
-    assert not os.path.exists(os.path.join(run_dir, f"{killed.pid}.json"))
+    assert not published_by(run_dir, killed.pid)
