@@ -73,6 +73,11 @@ def torch_feature_macros(include_dir=None):
     for name, header, pattern in TORCH_FEATURES:
         haystack = "".join(text(h) for h in (ALLOCATOR_HEADERS if header == "*" else [header]))
         macros.append(f"GPUMEM_TORCH_HAS_{name}={int(re.search(pattern, haystack) is not None)}")
+    # The release's minor number, for what differs by release with no declaration to find: the
+    # version byte of CUDA IPC handles (csrc/torch/ipc_handle.cpp).
+    version = text("torch/headeronly/version.h") or text("torch/csrc/api/include/torch/version.h")
+    minor = re.search(r"#defineTORCH_VERSION_MINOR(\d+)", version)
+    macros.append(f"GPUMEM_TORCH_VERSION_MINOR={int(minor.group(1)) if minor else 0}")
     return macros
 
 

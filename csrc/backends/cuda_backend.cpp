@@ -1,7 +1,11 @@
 #include "backends/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <iterator>
@@ -93,12 +97,23 @@ std::size_t query_page_size(int device) {
   return page;
 }
 
+// Whether the device can make memory exportable as POSIX file descriptors (CUDA IPC of growable
+// segments). Never throws: where it cannot say, no.
+bool exports_descriptors(int device) {
+  const DriverApi* api = find_driver();
+  CUdevice handle = 0;
+  int supported = 0;
+  if (!api || api->cuDeviceGet(&handle, device) != CUDA_SUCCESS) return false;
+  const CUdevice_attribute posix = CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED;
+  return api->cuDeviceGetAttribute(&supported, posix, handle) == CUDA_SUCCESS && supported == 1;
+}
+
 // The physical allocations one map() call has mapped so far, each a mapping of its own. Unless
 // kept they are unmapped when it goes, so a map() that runs out of memory part way, or throws,
 // leaves nothing mapped.
 class MappedChunks {
  public:
-  MappedChunks(const DriverApi& api, int device, CUdeviceptr base) : api_(api), prop_(pinned_on(device)), base_(base) {}
+  MappedChunks(const DriverApi& api, const CUmemAllocationProp& prop, CUdeviceptr base) : api_(api), prop_(prop), base_(base) {}
   ~MappedChunks() {
     if (kept_) return;
     for (const auto& [addr, bytes] : chunks_) api_.cuMemUnmap(addr, bytes);  // best effort: a destructor cannot throw
@@ -113,7 +128,7 @@ class MappedChunks {
   // Backs the next `bytes` with one new allocation; false when the device has no memory for it.
   bool map_next(std::size_t bytes) {
     CUmemGenericAllocationHandle handle = 0;
-    const CUresult created = api_.cuMemCreate(&handle, bytes, &prop_, 0);
+    const CUresult created = create(&handle, bytes);
     if (created == CUDA_ERROR_OUT_OF_MEMORY) return false;
     check_driver(created, "cuMemCreate");
     const CUdeviceptr at = base_ + bytes_;
@@ -128,11 +143,28 @@ class MappedChunks {
 
  private:
   const DriverApi& api_;
-  const CUmemAllocationProp prop_;
+  CUmemAllocationProp prop_;
   const CUdeviceptr base_;
   std::size_t bytes_ = 0;
   std::vector<std::pair<std::uintptr_t, std::size_t>> chunks_;
   bool kept_ = false;
+
+ public:
+  // Whether the chunks made are exportable: false once the driver refused an exportable one and
+  // the rest were made without.
+  bool exportable() const { return prop_.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE; }
+
+ private:
+  // An exportable allocation where asked, else (the driver refusing that kind, as some containers
+  // and drivers do) a plain one, and plain ones from then on.
+  CUresult create(CUmemGenericAllocationHandle* handle, std::size_t bytes) {
+    CUresult status = api_.cuMemCreate(handle, bytes, &prop_, 0);
+    if (status != CUDA_SUCCESS && status != CUDA_ERROR_OUT_OF_MEMORY && exportable()) {
+      prop_.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+      status = api_.cuMemCreate(handle, bytes, &prop_, 0);
+    }
+    return status;
+  }
 };
 
 // Lets `device` and its granted peers read and write [addr, addr + bytes).
@@ -374,7 +406,14 @@ bool CudaBackend::map(int device, void* ptr, std::size_t bytes, std::size_t chun
   // the device at once: 67 ms a request without this check, 1.4 ms with it; bench_sharing at_once).
   std::size_t free = 0, total = 0;
   if (cudaMemGetInfo(&free, &total) == cudaSuccess && free < bytes) return false;
-  MappedChunks chunks(driver(), device, base);
+  CUmemAllocationProp prop = pinned_on(device);
+  {
+    std::lock_guard<std::mutex> lock(vm_mutex_);
+    std::optional<bool>& exportable = vm_[device].exportable;
+    if (!exportable) exportable = exports_descriptors(device);
+    if (*exportable) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  }
+  MappedChunks chunks(driver(), prop, base);
   while (chunks.bytes() < bytes) {
     if (!chunks.map_next(std::min(chunk, bytes - chunks.bytes()))) return false;
   }
@@ -384,6 +423,7 @@ bool CudaBackend::map(int device, void* ptr, std::size_t bytes, std::size_t chun
   const CUresult access = allow_access(device, vm.peers, base, bytes);
   if (access == CUDA_ERROR_OUT_OF_MEMORY) return false;  // the chunks go with `chunks`
   check_driver(access, "cuMemSetAccess");
+  if (!chunks.exportable()) vm.exportable = false;
   vm.mapped.insert(chunks.chunks().begin(), chunks.chunks().end());
   chunks.keep();
   return true;
@@ -395,7 +435,15 @@ void CudaBackend::unmap(int device, void* ptr, std::size_t bytes) {
   {
     // Taken out first, so a grant_peer from here on does not reach memory going away.
     std::lock_guard<std::mutex> lock(vm_mutex_);
-    mappings = take_mappings(vm_[device].mapped, reinterpret_cast<std::uintptr_t>(ptr), bytes);
+    VirtualMemory& vm = vm_[device];
+    mappings = take_mappings(vm.mapped, reinterpret_cast<std::uintptr_t>(ptr), bytes);
+    // Descriptors of exported chunks go with them (a receiver that imported one keeps its own).
+    for (const auto& mapping : mappings) {
+      const auto fd = vm.exported.find(mapping.first);
+      if (fd == vm.exported.end()) continue;
+      close(fd->second);
+      vm.exported.erase(fd);
+    }
   }
   DeviceScope scope(device);
   CUresult first = CUDA_SUCCESS;
@@ -418,6 +466,156 @@ void CudaBackend::grant_peer(int device, int peer) {
     check_driver(driver().cuMemSetAccess(addr, bytes, &access, 1), "cuMemSetAccess");
   }
   vm.peers.push_back(peer);
+}
+
+// ---- Sharing with other processes ------------------------------------------------------------
+
+std::string CudaBackend::export_segment(int device, void* base) {
+  DeviceScope scope(device);
+  cudaIpcMemHandle_t handle;
+  check(cudaIpcGetMemHandle(&handle, base), "cudaIpcGetMemHandle");
+  return std::string(reinterpret_cast<const char*>(&handle), sizeof(handle));
+}
+
+void* CudaBackend::open_segment(int device, const std::string& handle) {
+  cudaIpcMemHandle_t h;
+  if (handle.size() != sizeof(h)) throw std::invalid_argument("gpumem: a CUDA IPC memory handle of " + std::to_string(handle.size()) + " bytes; expected 64");
+  std::memcpy(&h, handle.data(), sizeof(h));
+  DeviceScope scope(device);
+  void* ptr = nullptr;
+  check(cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+  return ptr;
+}
+
+void CudaBackend::close_segment(int device, void* ptr) {
+  DeviceScope scope(device);
+  check(cudaIpcCloseMemHandle(ptr), "cudaIpcCloseMemHandle");
+}
+
+std::vector<int> CudaBackend::export_chunks(int device, const std::vector<std::pair<std::uintptr_t, std::size_t>>& chunks) {
+  mapping_page(device);
+  std::lock_guard<std::mutex> lock(vm_mutex_);
+  VirtualMemory& vm = vm_[device];
+  std::vector<int> fds;
+  for (const auto& [addr, bytes] : chunks) {
+    const auto mapping = vm.mapped.find(addr);
+    if (mapping == vm.mapped.end() || mapping->second != bytes) {
+      throw std::logic_error("gpumem: export of " + std::to_string(bytes) + " bytes at " + std::to_string(addr) + " is not one mapping of map()");
+    }
+    if (const auto open = vm.exported.find(addr); open != vm.exported.end()) {
+      fds.push_back(open->second);
+      continue;
+    }
+    CUmemGenericAllocationHandle handle = 0;
+    check_driver(driver().cuMemRetainAllocationHandle(&handle, reinterpret_cast<void*>(addr)), "cuMemRetainAllocationHandle");
+    int fd = -1;
+    const CUresult exported = driver().cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    driver().cuMemRelease(handle);  // the retain's reference; the mapping keeps the memory
+    if (exported != CUDA_SUCCESS) {
+      const char* text = nullptr;
+      driver().cuGetErrorString(exported, &text);
+      throw std::runtime_error(std::string("gpumem: this process's growable memory cannot be exported to another process "
+                                           "(cuMemExportToShareableHandle: ") + (text ? text : "unknown error") +
+                               "): the device or driver made it without file descriptor handles. Send from a process "
+                               "with plain segments (GPUMEM_SEGMENTS=plain)");
+    }
+    vm.exported.emplace(addr, fd);
+    fds.push_back(fd);
+  }
+  return fds;
+}
+
+namespace {
+
+// The descriptor `fd` of process `pid`, as a descriptor of this process (pidfd_getfd: the same
+// user, and ptrace access to the sender). Throws naming the call, the cause and what to do.
+class SenderFds {
+ public:
+  explicit SenderFds(int pid) : pid_(pid) {
+    pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+    if (pidfd_ < 0) fail("pidfd_open", errno);
+  }
+  ~SenderFds() { close(pidfd_); }
+  SenderFds(const SenderFds&) = delete;
+  SenderFds& operator=(const SenderFds&) = delete;
+
+  int take(int fd) const {
+    const int mine = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd_, fd, 0));
+    if (mine < 0) fail("pidfd_getfd", errno);
+    return mine;
+  }
+
+ private:
+  [[noreturn]] void fail(const char* call, int error) const {
+    std::string why = std::strerror(error);
+    if (error == ENOSYS) why = "this kernel has no such call (Linux 5.6 or later has it)";
+    if (error == EPERM) why += ": the sender runs as another user, or ptrace is restricted (kernel.yama.ptrace_scope, a container's seccomp)";
+    if (error == ESRCH) why += ": the sending process has exited";
+    throw std::runtime_error(std::string("gpumem: cannot take growable memory from process ") + std::to_string(pid_) + ": " +
+                             call + " failed: " + why);
+  }
+  int pid_;
+  int pidfd_ = -1;
+};
+
+}  // namespace
+
+void* CudaBackend::open_chunks(int device, int pid, const std::vector<int>& fds, const std::vector<std::size_t>& bytes) {
+  const std::size_t page = mapping_page(device);
+  if (fds.empty() || fds.size() != bytes.size()) throw std::invalid_argument("gpumem: open_chunks needs one size per descriptor");
+  std::size_t total = 0;
+  for (const std::size_t b : bytes) {
+    if (b == 0 || b % page != 0) throw std::invalid_argument("gpumem: a shared chunk of " + std::to_string(b) + " bytes is not whole pages of " + std::to_string(page));
+    total += b;
+  }
+  const SenderFds sender(pid);
+  DeviceScope scope(device);
+  CUdeviceptr base = 0;
+  check_driver(driver().cuMemAddressReserve(&base, total, page, 0, 0), "cuMemAddressReserve");
+  std::size_t mapped = 0;
+  try {
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      const int fd = sender.take(fds[i]);
+      CUmemGenericAllocationHandle handle = 0;
+      const CUresult imported = driver().cuMemImportFromShareableHandle(
+          &handle, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      close(fd);
+      check_driver(imported, "cuMemImportFromShareableHandle");
+      const CUresult status = driver().cuMemMap(base + mapped, bytes[i], 0, handle, 0);
+      driver().cuMemRelease(handle);  // the mapping keeps the memory
+      check_driver(status, "cuMemMap");
+      mapped += bytes[i];
+    }
+    std::vector<int> peers;
+    {
+      std::lock_guard<std::mutex> lock(vm_mutex_);
+      peers = vm_[device].peers;
+    }
+    check_driver(allow_access(device, peers, base, total), "cuMemSetAccess");
+  } catch (...) {
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < fds.size() && at < mapped; at += bytes[i], ++i) driver().cuMemUnmap(base + at, bytes[i]);
+    driver().cuMemAddressFree(base, total);
+    throw;
+  }
+  return reinterpret_cast<void*>(base);
+}
+
+void CudaBackend::close_chunks(int device, void* ptr, const std::vector<std::size_t>& bytes) {
+  DeviceScope scope(device);
+  // Work queued on the memory may still run: the receiver's storages synchronized their stream,
+  // not every stream.
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const auto base = reinterpret_cast<CUdeviceptr>(ptr);
+  std::size_t at = 0;
+  CUresult first = CUDA_SUCCESS;
+  for (const std::size_t b : bytes) {
+    const CUresult status = driver().cuMemUnmap(base + at, b);
+    if (first == CUDA_SUCCESS) first = status;
+    at += b;
+  }
+  check_driver(first, "cuMemUnmap");
+  check_driver(driver().cuMemAddressFree(base, at), "cuMemAddressFree");
 }
 
 }  // namespace gpumem

@@ -47,6 +47,17 @@ class CudaBackend : public Backend {
   CaptureMarker capture_marker(int device, StreamId stream) override;
   bool capture_follows(int device, StreamId stream, CaptureMarker marker) override;
 
+  // Sharing with other processes: plain segments through cudaIpcGetMemHandle and
+  // cudaIpcOpenMemHandle; growable chunks as POSIX file descriptors (the chunks are made
+  // exportable where the device allows it), which a receiver of the same user takes with
+  // pidfd_getfd. An exported chunk's descriptor stays open until the chunk is unmapped.
+  std::string export_segment(int device, void* base) override;
+  void* open_segment(int device, const std::string& handle) override;
+  void close_segment(int device, void* ptr) override;
+  std::vector<int> export_chunks(int device, const std::vector<std::pair<std::uintptr_t, std::size_t>>& chunks) override;
+  void* open_chunks(int device, int pid, const std::vector<int>& fds, const std::vector<std::size_t>& bytes) override;
+  void close_chunks(int device, void* ptr, const std::vector<std::size_t>& bytes) override;
+
  private:
   // What virtual memory keeps per device. grant_peer must reach the pages mapped before it, so the
   // backend knows what is mapped: one range per map() call, each a mapping of its own. Ranges are
@@ -57,6 +68,8 @@ class CudaBackend : public Backend {
     std::optional<std::size_t> page;               // the granularity, once asked; 0: none
     std::vector<int> peers;                        // granted so far
     std::map<std::uintptr_t, std::size_t> mapped;  // address -> bytes
+    std::optional<bool> exportable;                // chunks made as POSIX descriptors can export them; once asked
+    std::map<std::uintptr_t, int> exported;        // a mapping's address -> its open descriptor (export_chunks)
   };
 
   void check_device(int device) const;

@@ -19,7 +19,10 @@ namespace gpumem {
   X(cuMemRelease)                  \
   X(cuMemMap)                      \
   X(cuMemUnmap)                    \
-  X(cuMemSetAccess)
+  X(cuMemSetAccess)                \
+  X(cuMemRetainAllocationHandle)   \
+  X(cuMemExportToShareableHandle)  \
+  X(cuMemImportFromShareableHandle)
 
 struct DriverApi {
 #define GPUMEM_DRIVER_FIELD(name) decltype(&::name) name = nullptr;

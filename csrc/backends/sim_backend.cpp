@@ -1,7 +1,12 @@
 #include "backends/sim_backend.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -28,11 +33,47 @@ std::string hex(std::uintptr_t addr) {
   return buf;
 }
 
+// What the simulated processes (SimBackends) exported, shared by all of them as a driver's handles
+// are: plain segments by handle, chunks by descriptor number. Locked after a backend's own mutex.
+struct SharedTable {
+  struct Export {
+    const void* owner = nullptr;  // the exporting SimBackend
+    int device = 0;
+    std::uintptr_t addr = 0;
+    std::size_t bytes = 0;
+  };
+  std::mutex mutex;
+  std::map<std::string, Export> segments;
+  std::map<int, Export> fds;
+  int next_fd = 1000;
+  std::uint64_t next_segment = 1;
+
+  // Forgets `owner`'s exports on `device` inside [addr, addr + bytes); how many went.
+  std::size_t forget(const void* owner, int device, std::uintptr_t addr, std::size_t bytes) {
+    std::size_t gone = 0;
+    const auto inside = [&](const Export& e) { return e.owner == owner && e.device == device && e.addr >= addr && e.addr < addr + bytes; };
+    for (auto it = segments.begin(); it != segments.end();) it = inside(it->second) ? (++gone, segments.erase(it)) : std::next(it);
+    for (auto it = fds.begin(); it != fds.end();) it = inside(it->second) ? (++gone, fds.erase(it)) : std::next(it);
+    return gone;
+  }
+};
+
+SharedTable& shared_table() {
+  static SharedTable* table = new SharedTable;  // never destroyed: backends may outlive statics
+  return *table;
+}
+
 [[noreturn]] void misuse(const char* call, int device, std::uintptr_t addr, std::size_t bytes, const char* why) {
   throw std::logic_error(std::string("gpumem: simulated device ") + std::to_string(device) + ": " + call + "(" +
                          hex(addr) + ", " + std::to_string(bytes) + " bytes) " + why);
 }
 }  // namespace
+
+SimBackend::~SimBackend() {
+  SharedTable& table = shared_table();
+  std::lock_guard<std::mutex> shared(table.mutex);
+  for (int device = 0; device < device_count_; ++device) table.forget(this, device, 0, UINTPTR_MAX);
+}
 
 SimBackend::SimBackend(std::size_t capacity, int devices)
     : capacity_(capacity), span_(0), device_count_(devices) {
@@ -152,6 +193,11 @@ void SimBackend::release(int device, void* ptr, std::size_t bytes) {
                            std::to_string(bytes) + " bytes at an address it did not hand out with that size");
   }
   d.live.erase(it);
+  {
+    SharedTable& table = shared_table();
+    std::lock_guard<std::mutex> shared(table.mutex);
+    d.ledger.exports -= table.forget(this, device, addr, bytes);
+  }
   d.segments.give_back(addr, bytes);
   d.ledger.in_use -= bytes;
   ++d.ledger.releases;
@@ -372,6 +418,11 @@ void SimBackend::unmap(int device, void* ptr, std::size_t bytes) {
   span.range->mappings.erase(span.range->mappings.lower_bound(span.first), span.range->mappings.lower_bound(span.first + span.count));
   span.mark(false);
   Device& d = device_locked(device);
+  {
+    SharedTable& table = shared_table();
+    std::lock_guard<std::mutex> shared(table.mutex);
+    d.ledger.exports -= table.forget(this, device, reinterpret_cast<std::uintptr_t>(ptr), bytes);
+  }
   d.ledger.in_use -= bytes;
   d.ledger.mapped -= bytes;
   ++d.ledger.unmaps;
@@ -522,6 +573,136 @@ void SimBackend::reset_peak(int device) {
   std::lock_guard<std::mutex> lock(mutex_);
   Device& d = device_locked(device);
   d.ledger.peak = d.ledger.in_use;
+}
+
+// ---- Sharing with other processes -------------------------------------------------------------
+
+std::string SimBackend::export_segment(int device, void* base) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Device& d = device_locked(device);
+  const auto addr = reinterpret_cast<std::uintptr_t>(base);
+  const auto live = d.live.find(addr);
+  if (live == d.live.end()) misuse("export_segment", device, addr, 0, "is not the start of a segment reserve handed out");
+  SharedTable& table = shared_table();
+  std::lock_guard<std::mutex> shared(table.mutex);
+  for (const auto& [handle, e] : table.segments) {
+    if (e.owner == this && e.device == device && e.addr == addr) return handle;
+  }
+  std::string handle = "gpumem-sim-segment-" + std::to_string(table.next_segment++);
+  handle.resize(64, '\0');
+  table.segments[handle] = {this, device, addr, live->second};
+  ++d.ledger.exports;
+  return handle;
+}
+
+void* SimBackend::open_segment(int device, const std::string& handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Device& d = device_locked(device);
+  std::size_t bytes = 0;
+  {
+    SharedTable& table = shared_table();
+    std::lock_guard<std::mutex> shared(table.mutex);
+    const auto found = table.segments.find(handle);
+    if (found == table.segments.end()) throw std::runtime_error("gpumem: cudaIpcOpenMemHandle failed: invalid resource handle (simulated)");
+    if (found->second.owner == this) {
+      throw std::runtime_error("gpumem: cudaIpcOpenMemHandle failed: the handle was made by this process (simulated)");
+    }
+    bytes = found->second.bytes;
+  }
+  const std::uintptr_t addr = d.addresses.take(bytes);
+  if (addr == 0) throw std::runtime_error("gpumem: cudaIpcOpenMemHandle failed: out of address space (simulated)");
+  d.imported.emplace(addr, bytes);
+  d.ledger.imported += bytes;
+  return reinterpret_cast<void*>(addr);
+}
+
+void SimBackend::close_segment(int device, void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Device& d = device_locked(device);
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  const auto found = d.imported.find(addr);
+  if (found == d.imported.end()) misuse("close_segment", device, addr, 0, "is not memory opened from another process");
+  d.addresses.give_back(addr, found->second);
+  d.ledger.imported -= found->second;
+  d.imported.erase(found);
+}
+
+std::vector<int> SimBackend::export_chunks(int device, const std::vector<std::pair<std::uintptr_t, std::size_t>>& chunks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Device& d = device_locked(device);
+  SharedTable& table = shared_table();
+  std::lock_guard<std::mutex> shared(table.mutex);
+  std::vector<int> fds;
+  for (const auto& [addr, bytes] : chunks) {
+    const PageSpan span = pages_of(device, reinterpret_cast<void*>(addr), bytes, "export_chunks");
+    const auto mapping = span.range->mappings.find(span.first);
+    if (mapping == span.range->mappings.end() || mapping->second != span.first + span.count) {
+      misuse("export_chunks", device, addr, bytes, "is not one map call's chunk");
+    }
+    int fd = -1;
+    for (const auto& [number, e] : table.fds) {
+      if (e.owner == this && e.device == device && e.addr == addr) fd = number;
+    }
+    if (fd < 0) {
+      fd = table.next_fd++;
+      table.fds[fd] = {this, device, addr, bytes};
+      ++d.ledger.exports;
+    }
+    fds.push_back(fd);
+  }
+  return fds;
+}
+
+void* SimBackend::open_chunks(int device, int pid, const std::vector<int>& fds, const std::vector<std::size_t>& bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Device& d = device_locked(device);
+  if (fds.empty() || fds.size() != bytes.size()) throw std::invalid_argument("gpumem: open_chunks needs one size per descriptor");
+  const auto fail = [pid](const char* why) {
+    return std::runtime_error("gpumem: cannot take growable memory from process " + std::to_string(pid) + ": pidfd_getfd failed: " +
+                              why + " (simulated)");
+  };
+  if (pid != static_cast<int>(getpid())) throw fail("No such process");
+  if (refuse_imports_) throw fail("Operation not permitted");
+  std::size_t total = 0;
+  {
+    SharedTable& table = shared_table();
+    std::lock_guard<std::mutex> shared(table.mutex);
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      const auto found = table.fds.find(fds[i]);
+      if (found == table.fds.end()) throw fail("Bad file descriptor");
+      if (found->second.owner == this) throw fail("the descriptor is this process's own");
+      if (found->second.bytes != bytes[i]) {
+        throw std::runtime_error("gpumem: cuMemMap failed: a chunk of " + std::to_string(found->second.bytes) + " bytes mapped as " +
+                                 std::to_string(bytes[i]) + " (simulated)");
+      }
+      total += bytes[i];
+    }
+  }
+  const std::uintptr_t addr = d.addresses.take(total);
+  if (addr == 0) throw std::runtime_error("gpumem: cuMemAddressReserve failed: out of address space (simulated)");
+  d.imported.emplace(addr, total);
+  d.ledger.imported += total;
+  return reinterpret_cast<void*>(addr);
+}
+
+void SimBackend::close_chunks(int device, void* ptr, const std::vector<std::size_t>& bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Device& d = device_locked(device);
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  std::size_t total = 0;
+  for (const std::size_t b : bytes) total += b;
+  const auto found = d.imported.find(addr);
+  if (found == d.imported.end() || found->second != total) {
+    misuse("close_chunks", device, addr, total, "is not memory open_chunks opened with these sizes");
+  }
+  d.addresses.give_back(addr, total);
+  d.ledger.imported -= total;
+  d.imported.erase(found);
+}
+
+void SimBackend::refuse_imports(bool refuse) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  refuse_imports_ = refuse;
 }
 
 }  // namespace gpumem

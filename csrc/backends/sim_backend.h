@@ -47,6 +47,9 @@ class SimBackend : public Backend {
   // `capacity` bytes on each of `devices` devices; std::invalid_argument (naming the numbers)
   // unless capacity <= kMaxCapacity, 1 <= devices <= kMaxDevices, and their regions fit in 64 bits.
   explicit SimBackend(std::size_t capacity, int devices = 1);
+  ~SimBackend() override;
+  SimBackend(const SimBackend&) = delete;
+  SimBackend& operator=(const SimBackend&) = delete;
 
   int device_count() const override { return device_count_; }
   void* reserve(int device, std::size_t bytes) override;
@@ -79,6 +82,20 @@ class SimBackend : public Backend {
   // joins streams in a capture), directly or through other streams. A stream follows its own work.
   CaptureMarker capture_marker(int device, StreamId stream) override;
   bool capture_follows(int device, StreamId stream, CaptureMarker marker) override;
+  // Sharing with other processes, simulated within one process: each SimBackend stands for a
+  // process of its own, and what one exports another opens (opening one's own export fails, as
+  // CUDA's does). Handles and descriptors live in a table all SimBackends share; an export goes
+  // when its memory does (release, unmap). Memory opened from another counts in `imported`, never
+  // in in_use: it is the exporter's. The contract is core/backend.h's; breaches are logic_errors.
+  std::string export_segment(int device, void* base) override;
+  void* open_segment(int device, const std::string& handle) override;
+  void close_segment(int device, void* ptr) override;
+  std::vector<int> export_chunks(int device, const std::vector<std::pair<std::uintptr_t, std::size_t>>& chunks) override;
+  void* open_chunks(int device, int pid, const std::vector<int>& fds, const std::vector<std::size_t>& bytes) override;
+  void close_chunks(int device, void* ptr, const std::vector<std::size_t>& bytes) override;
+  // While set, open_chunks fails as pidfd_getfd does for a sender of another user (EPERM).
+  void refuse_imports(bool refuse);
+
   // `waiter`'s later work runs after everything `waited` queued so far.
   void wait_stream(int device, StreamId waiter, StreamId waited);
   // Turns markers off (capture_marker returns 0), as a backend that cannot read the graph.
@@ -130,6 +147,8 @@ class SimBackend : public Backend {
     std::uint64_t allocations = 0;   // physical allocations those made (one per chunk), ever
     std::uint64_t unmaps = 0;
     std::size_t address_ranges = 0;  // live reserved address ranges
+    std::size_t exports = 0;         // segments and chunks exported now (handles other processes may open)
+    std::size_t imported = 0;        // bytes opened from other processes now (not in in_use)
   };
   Ledger ledger(int device) const;
   void reset_peak(int device);
@@ -175,6 +194,7 @@ class SimBackend : public Backend {
     std::size_t outside = 0;  // set_use_outside's: in_use + outside + others <= capacity
     std::size_t others = 0;
     std::vector<ProcessUse> processes;  // set_processes's
+    std::map<std::uintptr_t, std::size_t> imported;  // opened from other processes: address -> bytes
   };
 
   // The device, made on first use; DeviceError for an index outside 0..device_count()-1.
@@ -212,6 +232,7 @@ class SimBackend : public Backend {
   bool refuse_addresses_ = false;
   bool refuse_markers_ = false;
   bool process_accounting_ = true;
+  bool refuse_imports_ = false;
   CaptureMarker next_marker_ = 1;
 };
 

@@ -7,6 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace gpumem {
@@ -99,6 +102,37 @@ class Backend {
   // Whether everything `stream` queues from now on runs after the work `marker` marked (the
   // capture has joined that work into `stream`).
   virtual bool capture_follows(int /*device*/, StreamId /*stream*/, CaptureMarker /*marker*/) { return false; }
+
+  // ---- Sharing memory with other processes (CUDA IPC: torch/ipc.cpp) ----
+  // The core never calls these: the torch adapter does, for tensors sent to or received from
+  // another process. A backend that cannot share keeps these defaults, which throw
+  // std::runtime_error saying so. Failures throw std::runtime_error naming the call and the cause.
+
+  // An opaque handle (64 bytes) another process opens to map the plain segment that starts at
+  // `base` (one reserve() call's memory).
+  virtual std::string export_segment(int /*device*/, void* /*base*/) { throw no_sharing("export_segment"); }
+  // Maps, in this process, the plain segment another process exported as `handle`; its address
+  // here. Opening the same handle twice in one process fails: the caller keeps what it opened.
+  virtual void* open_segment(int /*device*/, const std::string& /*handle*/) { throw no_sharing("open_segment"); }
+  virtual void close_segment(int /*device*/, void* /*ptr*/) { throw no_sharing("close_segment"); }
+  // The chunks [addr, addr + bytes) (each one map() call's physical allocation, whole) as another
+  // process imports them: one file descriptor number of this process per chunk, open until the
+  // chunk is unmapped (a receiver takes its own copy with pidfd_getfd meanwhile).
+  virtual std::vector<int> export_chunks(int /*device*/, const std::vector<std::pair<std::uintptr_t, std::size_t>>& /*chunks*/) {
+    throw no_sharing("export_chunks");
+  }
+  // Imports the chunks process `pid` exported (its descriptor numbers, each chunk's bytes) and maps
+  // them one after the other in a new address range, readable and writable by `device`; the
+  // range's start. close_chunks unmaps and frees it (`bytes`, the chunks' sizes, in order).
+  virtual void* open_chunks(int /*device*/, int /*pid*/, const std::vector<int>& /*fds*/, const std::vector<std::size_t>& /*bytes*/) {
+    throw no_sharing("open_chunks");
+  }
+  virtual void close_chunks(int /*device*/, void* /*ptr*/, const std::vector<std::size_t>& /*bytes*/) { throw no_sharing("close_chunks"); }
+
+ private:
+  static std::runtime_error no_sharing(const char* call) {
+    return std::runtime_error(std::string("gpumem: this backend cannot share memory with other processes (") + call + ")");
+  }
 };
 
 }  // namespace gpumem

@@ -164,6 +164,11 @@ std::optional<std::pair<std::uintptr_t, std::size_t>> DeviceAllocator::segment_o
   return core_.segment_of(reinterpret_cast<std::uintptr_t>(ptr));
 }
 
+std::optional<ShareRange> DeviceAllocator::share_range(const void* ptr) const {
+  const WholeDevice whole(core_);
+  return core_.share_range(reinterpret_cast<std::uintptr_t>(ptr));
+}
+
 // ---- private pools ----
 
 void DeviceAllocator::create_pool(PoolId id, std::shared_ptr<SegmentSource> source) {

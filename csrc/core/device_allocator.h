@@ -108,6 +108,9 @@ class DeviceAllocator {
   std::vector<SegmentInfo> snapshot() const;
   // The segment start and size holding `ptr`, if any.
   std::optional<std::pair<std::uintptr_t, std::size_t>> segment_of(const void* ptr) const;
+  // The allocated block holding `ptr` and the memory behind it, for sharing it with another
+  // process; nullopt where no allocated block of this device holds `ptr`.
+  std::optional<ShareRange> share_range(const void* ptr) const;
   // Whether `block` (allocated) starts its segment, or a mapped stretch of a growable one, and was
   // split off the front of a larger free block: cached free memory follows it.
   bool heads_a_split(const Block* block) const { return core_.heads_a_split(block); }

@@ -140,6 +140,7 @@ class DeviceCore {
   WorkCounts work_counts() const;
   std::vector<SegmentInfo> snapshot() const;
   std::optional<std::pair<std::uintptr_t, std::size_t>> segment_of(std::uintptr_t addr) const;
+  std::optional<ShareRange> share_range(std::uintptr_t addr) const;
   // Takes its own lock: the block's lane where it has one, else the whole device.
   bool heads_a_split(const Block* block) const;
   void create_pool(PoolId id, std::shared_ptr<SegmentSource> source) { d_.pools.create(id, std::move(source)); }

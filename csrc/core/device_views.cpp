@@ -73,6 +73,29 @@ std::optional<std::pair<std::uintptr_t, std::size_t>> DeviceCore::segment_of(std
   return stretch;
 }
 
+// The allocated block holding `addr` and the memory behind it; nullopt where no allocated block
+// holds it (not gpumem's, or free).
+std::optional<ShareRange> DeviceCore::share_range(std::uintptr_t addr) const {
+  const Segment* holding = d_.segments.containing(addr);
+  if (!holding) return std::nullopt;
+  const Segment& s = *holding;
+  const Block* block = s.head;
+  while (block && !(addr >= block->addr && addr < block->addr + block->size)) block = block->next;
+  if (!block || !block->allocated) return std::nullopt;
+  ShareRange range{block->addr, block->size, s.growable, {}};
+  if (!s.growable) {
+    range.memory.emplace_back(s.addr, s.size);
+    return range;
+  }
+  // The chunks [block->addr, end) lies on: the last starting at or before its start, up to the
+  // last starting before its end (chunks tile the mapped stretches, and an allocated block is mapped).
+  const std::uintptr_t end = block->addr + block->size;
+  auto chunk = s.chunks.upper_bound(block->addr);
+  if (chunk == s.chunks.begin()) throw std::logic_error("gpumem: an allocated block of a growable segment lies on no chunk");
+  for (--chunk; chunk != s.chunks.end() && chunk->first < end; ++chunk) range.memory.emplace_back(chunk->first, chunk->second);
+  return range;
+}
+
 // Reads only the blocks of the block's stream, so its lane is enough where it has one: what else
 // changes them (the whole device) holds every lane. A recorded malloc asks this after each call,
 // and threads on other streams go on meanwhile.

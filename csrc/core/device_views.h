@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/backend.h"
@@ -28,6 +29,17 @@ struct SegmentInfo {
   bool small;
   bool growable;  // a mapped stretch of a growable segment: one SegmentInfo per stretch
   std::vector<BlockInfo> blocks;
+};
+
+// An allocated block as another process would map it (CUDA IPC): the block, and what memory stands
+// behind it. A plain segment is one allocation, shared whole (`memory` is the segment); a growable
+// segment's memory is its chunks, one physical allocation each, and those the block lies on are
+// shared (`memory` lists them in address order, tiling [memory.front().first, end)).
+struct ShareRange {
+  std::uintptr_t block_addr = 0;
+  std::size_t block_size = 0;
+  bool growable = false;
+  std::vector<std::pair<std::uintptr_t, std::size_t>> memory;  // start -> bytes
 };
 
 // How the work went, for tests and benchmarks: the mallocs and frees that took the whole device

@@ -41,7 +41,8 @@ TorchAllocator::TorchAllocator(Backend& backend, std::unique_ptr<CudaContext> co
       history_(kMaxDevices),
       traced_(backend, history_),
       core_(traced_, defaults),
-      pool_blocks_(kMaxDevices) {
+      pool_blocks_(kMaxDevices),
+      ipc_opened_(make_ipc_opened(traced_)) {
   for (std::atomic<double>& fraction : fractions_) fraction.store(1.0);
   std::lock_guard<std::mutex> lock(adapters_mutex());
   adapters().push_back(this);

@@ -54,6 +54,10 @@
 
 namespace gpumem {
 
+// What getIpcDevPtr opened, shared with the deleters of what it returned (ipc.cpp).
+class IpcOpened;
+std::shared_ptr<IpcOpened> make_ipc_opened(Backend& backend);
+
 class TorchAllocator final : public torch_compat::CUDAAllocator {
  public:
   static constexpr int kMaxDevices = C10_COMPILE_TIME_MAX_GPUS;
@@ -184,12 +188,16 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
   std::string getUserMetadata() override;
 #endif
 
-  // ---- what gpumem leaves to CUDA or does not support (cuda_ops.cpp) ----
-  void copy_data(void* dest, const void* src, size_t count) const override;
+  // ---- tensors sent to and received from other processes (ipc.cpp) ----
 #if GPUMEM_TORCH_HAS_SHARE_IPC_HANDLE
   ShareableHandle shareIpcHandle(void* ptr) override;
 #endif
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override;
+  // Handles opened here and not yet let go (for tests).
+  std::size_t ipc_opened() const;
+
+  // ---- what gpumem leaves to CUDA (cuda_ops.cpp) ----
+  void copy_data(void* dest, const void* src, size_t count) const override;
   void enablePeerAccess(DeviceIndex dev, DeviceIndex dev_to_access) override;
   cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device, size_t count,
                           cudaStream_t stream, bool p2p_enabled) override;
@@ -247,6 +255,7 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
   std::atomic<bool> enabled_{true};
   std::mutex observers_mutex_;
   std::vector<OutOfMemoryObserver> oom_observers_;
+  std::shared_ptr<IpcOpened> ipc_opened_;  // what getIpcDevPtr opened (ipc.cpp)
 };
 
 }  // namespace gpumem

@@ -1,4 +1,4 @@
-// What gpumem hands to the CUDA runtime unchanged, and what it does not support.
+// What gpumem hands to the CUDA runtime unchanged: copies and peer access.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
@@ -8,24 +8,9 @@
 
 namespace gpumem {
 
-namespace {
-
-constexpr const char* kNoIpc =
-    "gpumem does not support sharing CUDA tensors across processes (CUDA IPC): memory another process "
-    "maps could be neither counted under this process's limit nor released safely. Send CPU tensors "
-    "between processes (or use torch.distributed), or do not install gpumem in processes that share CUDA tensors";
-
-}  // namespace
-
 void TorchAllocator::copy_data(void* dest, const void* src, size_t count) const {
   C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
 }
-
-#if GPUMEM_TORCH_HAS_SHARE_IPC_HANDLE
-TorchAllocator::ShareableHandle TorchAllocator::shareIpcHandle(void* /*ptr*/) { TORCH_CHECK(false, kNoIpc); }
-#endif
-
-std::shared_ptr<void> TorchAllocator::getIpcDevPtr(std::string /*handle*/) { TORCH_CHECK(false, kNoIpc); }
 
 // Runtime peer access covers cudaMalloc'd memory only. Pages of growable segments carry their own
 // access list, so the backend also grants `dev` the pages mapped on `dev_to_access`, those mapped

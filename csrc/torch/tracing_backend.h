@@ -50,6 +50,16 @@ class TracingBackend final : public Backend {
   bool capture_follows(int device, StreamId stream, CaptureMarker marker) override {
     return inner_.capture_follows(device, stream, marker);
   }
+  std::string export_segment(int device, void* base) override { return inner_.export_segment(device, base); }
+  void* open_segment(int device, const std::string& handle) override { return inner_.open_segment(device, handle); }
+  void close_segment(int device, void* ptr) override { inner_.close_segment(device, ptr); }
+  std::vector<int> export_chunks(int device, const std::vector<std::pair<std::uintptr_t, std::size_t>>& chunks) override {
+    return inner_.export_chunks(device, chunks);
+  }
+  void* open_chunks(int device, int pid, const std::vector<int>& fds, const std::vector<std::size_t>& bytes) override {
+    return inner_.open_chunks(device, pid, fds, bytes);
+  }
+  void close_chunks(int device, void* ptr, const std::vector<std::size_t>& bytes) override { inner_.close_chunks(device, ptr, bytes); }
 
  private:
   Backend& inner_;

@@ -250,13 +250,6 @@ TEST_CASE("name is native, so that torch's settings may say backend:native", "[t
   REQUIRE(sim.adapter.name() == "native");
 }
 
-TEST_CASE("CUDA IPC is refused with a message that says gpumem does not support it", "[torch][ipc]") {
-  SimAdapter sim;
-  REQUIRE_THROWS_WITH(sim.adapter.shareIpcHandle(nullptr),
-                      Catch::Contains("gpumem does not support sharing CUDA tensors across processes (CUDA IPC)"));
-  REQUIRE_THROWS_WITH(sim.adapter.getIpcDevPtr("handle"), Catch::Contains("(CUDA IPC)"));
-}
-
 #if GPUMEM_TORCH_HAS_EXPANDABLE_SEGMENT_SIZES  // getExpandableSegmentSizes: from 2.10 on
 TEST_CASE("a device with plain segments lists no expandable segments", "[torch][lifecycle]") {
   SimAdapter sim;
