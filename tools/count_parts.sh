@@ -3,7 +3,7 @@
 # csrc/core with ctags and grep:
 #   friends      `friend class DeviceAllocator` in the core (the facade reaching into DeviceCore)
 #   reaches      uses in core/device_allocator.{h,cpp} of DeviceCore's private members (`core_.<private>`)
-#   fields       public data members of DeviceState (a struct of shared state any part may write)
+#   fields       public data members of DeviceState (the state the parts share)
 #   field uses   uses of those fields in csrc/core and csrc/sharing (`d.<field>`, `d_.<field>`)
 #   bumps        statistics counters (num_*) changed by hand outside core/stats.{h,cpp}
 #   outside writes  public data members of csrc/core and csrc/sharing types written outside the

@@ -120,7 +120,7 @@ class DeviceCore {
   // ---- the facade's calls (core/device_views.cpp), under the whole device unless they say
   // Facts of the device, set once: read without a lock.
   int device() const { return d_.device; }
-  std::size_t device_total() const { return d_.device_total; }
+  std::size_t device_total() const { return d_.device_total(); }
   MemInfo device_mem_info() const { return d_.backend.mem_info(d_.device); }
   std::size_t page_size() const { return sources_.growable.page_size(); }
   // Lock-free, as the cap reads out.
