@@ -109,9 +109,15 @@ Block* DeviceCore::malloc(std::size_t requested, StreamId stream, std::size_t at
   if (LaneSlot* slot = d_.lanes.slot_of(stream)) {
     if (Block* block = malloc_in_lane(*slot, size, requested)) return block;
   }
-  // nullptr: memory on its way back to the device may make room (core/departures.h), or the other
-  // processes sharing the GPU may give some back: wait for it, or ask them, with no lock held, and
-  // try again. They are asked once a request: the second refusal is the request's error.
+  return malloc_waiting(size, requested, stream);
+}
+
+// The chain under the whole device until it serves or throws. nullptr from it: memory on its way
+// back to the device may make room (core/departures.h), or the other processes sharing the GPU may
+// give some back: wait for it, or ask them, with no lock held, and try again. They are asked once a
+// request: the second refusal is the request's error. Out of line, so that the cached path above
+// keeps a small frame.
+[[gnu::noinline]] Block* DeviceCore::malloc_waiting(std::size_t size, std::size_t requested, StreamId stream) {
   Asking asking;
   for (;;) {
     if (Block* block = malloc_on_device(size, requested, stream, asking)) return block;

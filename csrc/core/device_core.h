@@ -164,6 +164,7 @@ class DeviceCore {
   inline Block* malloc_in_lane(LaneSlot& slot, std::size_t size, std::size_t requested);
   inline bool free_in_lane(LaneSlot& slot, Block* block);
   // The chain and the free under the whole device (what the lanes could not serve).
+  Block* malloc_waiting(std::size_t size, std::size_t requested, StreamId stream);
   Block* malloc_on_device(std::size_t size, std::size_t requested, StreamId stream, Asking& asking);
   ShareHooks* hooks_to_ask(Asking& asking, std::size_t budget_needed = 0);
   void free_on_device(Block* block);
