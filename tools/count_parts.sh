@@ -3,10 +3,12 @@
 # csrc/core with ctags and grep:
 #   friends      `friend class DeviceAllocator` in the core (the facade reaching into DeviceCore)
 #   reaches      uses in core/device_allocator.{h,cpp} of DeviceCore's private members (`core_.<private>`)
-#   fields       public data members of DeviceState (a struct of shared state any part may write)
+#   fields       public data members of DeviceState (the state the parts share)
 #   field uses   uses of those fields in csrc/core and csrc/sharing (`d.<field>`, `d_.<field>`)
 #   bumps        statistics counters (num_*) changed by hand outside core/stats.{h,cpp}
-# Usage: tools/count_parts.sh [ROOT]  (needs Universal Ctags)
+#   outside writes  public data members of csrc/core and csrc/sharing types written outside the
+#                type's own files (tools/count_writes.py, by type: `python3 tools/count_writes.py -v`)
+# Usage: tools/count_parts.sh [ROOT]  (needs Universal Ctags; clang-query for the last line)
 set -uo pipefail  # not -e: a grep that finds nothing is a count of 0
 cd "${1:-$(dirname "$0")/..}"
 
@@ -34,3 +36,8 @@ echo "reaches $reaches"
 echo "fields $nfields"
 echo "field uses $uses"
 echo "bumps $bumps"
+if command -v clang-query >/dev/null; then
+  python3 tools/count_writes.py | sed -n 1p
+else
+  echo "count_parts.sh: outside writes not counted: needs clang-query (Debian's clang-tools)" >&2
+fi

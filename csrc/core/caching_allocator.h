@@ -68,7 +68,7 @@ class CachingAllocator {
   static void free(Block* block) { block->segment->owner->free(block); }
   static void record_stream(Block* block, StreamId stream) { block->segment->owner->record_stream(block, stream); }
   static int device_of(const Block* block) { return block->segment->owner->device(); }
-  static PoolId pool_of(const Block* block) { return block->segment->pool->id; }
+  static PoolId pool_of(const Block* block) { return block->segment->pool->id(); }
   static const DeviceAllocator* allocator_of(const Block* block) { return block->segment->owner; }
   // Whether handing out `block` split the block that headed its segment (DeviceAllocator::heads_a_split).
   static bool heads_a_split(const Block* block) { return block->segment->owner->heads_a_split(block); }

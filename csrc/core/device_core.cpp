@@ -20,7 +20,7 @@ namespace {
 // Whether handing out `size` bytes of free `block` cuts it: the rest is worth keeping and the pool
 // splits blocks (its no_split is read only when a split is due).
 bool cuts(const Block& block, std::size_t size) {
-  return should_split(block.size, size) && !block.segment->pool->no_split;
+  return should_split(block.size, size) && !block.segment->pool->no_split();
 }
 
 // What handing out `size` bytes of free `block` (cut or not) does to the inactive split blocks,
@@ -65,9 +65,9 @@ DeviceCore::DeviceCore(Backend& backend, int device, const AllocatorConfig& conf
       uncached_(backend, device),
       release_(d_, sources_, config.release_threshold),
       scope_(config.scope) {  // measured at the first growth: the backend is not asked yet
-  d_.device_total = d_.backend.total_memory(device);
-  check_limit_fits(config.limit, device, d_.device_total);
-  d_.accounts.set_limit(config.limit.value_or(d_.device_total));
+  d_.ask_device_total();
+  check_limit_fits(config.limit, device, d_.device_total());
+  d_.accounts.set_limit(config.limit.value_or(d_.device_total()));
   sources_.growable.set_page_size(d_.backend.page_size(device));  // the backend is asked once the config holds
 }
 
@@ -109,9 +109,15 @@ Block* DeviceCore::malloc(std::size_t requested, StreamId stream, std::size_t at
   if (LaneSlot* slot = d_.lanes.slot_of(stream)) {
     if (Block* block = malloc_in_lane(*slot, size, requested)) return block;
   }
-  // nullptr: memory on its way back to the device may make room (core/departures.h), or the other
-  // processes sharing the GPU may give some back: wait for it, or ask them, with no lock held, and
-  // try again. They are asked once a request: the second refusal is the request's error.
+  return malloc_waiting(size, requested, stream);
+}
+
+// The chain under the whole device until it serves or throws. nullptr from it: memory on its way
+// back to the device may make room (core/departures.h), or the other processes sharing the GPU may
+// give some back: wait for it, or ask them, with no lock held, and try again. They are asked once a
+// request: the second refusal is the request's error. Out of line, so that the cached path above
+// keeps a small frame.
+[[gnu::noinline]] Block* DeviceCore::malloc_waiting(std::size_t size, std::size_t requested, StreamId stream) {
   Asking asking;
   for (;;) {
     if (Block* block = malloc_on_device(size, requested, stream, asking)) return block;

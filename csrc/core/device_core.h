@@ -120,7 +120,7 @@ class DeviceCore {
   // ---- the facade's calls (core/device_views.cpp), under the whole device unless they say
   // Facts of the device, set once: read without a lock.
   int device() const { return d_.device; }
-  std::size_t device_total() const { return d_.device_total; }
+  std::size_t device_total() const { return d_.device_total(); }
   MemInfo device_mem_info() const { return d_.backend.mem_info(d_.device); }
   std::size_t page_size() const { return sources_.growable.page_size(); }
   // Lock-free, as the cap reads out.
@@ -165,6 +165,7 @@ class DeviceCore {
   inline Block* malloc_in_lane(LaneSlot& slot, std::size_t size, std::size_t requested);
   inline bool free_in_lane(LaneSlot& slot, Block* block);
   // The chain and the free under the whole device (what the lanes could not serve).
+  Block* malloc_waiting(std::size_t size, std::size_t requested, StreamId stream);
   Block* malloc_on_device(std::size_t size, std::size_t requested, StreamId stream, Asking& asking);
   ShareHooks* hooks_to_ask(Asking& asking, std::size_t budget_needed = 0);
   void free_on_device(Block* block);

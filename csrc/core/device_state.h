@@ -49,7 +49,6 @@ struct DeviceState {
   Backend& backend;
   const int device;
   DeviceAllocator* const owner;  // what Segment::owner names
-  std::size_t device_total = 0;  // the device's memory: DeviceCore asks once the config is known to be sane
   BackendSource backend_source;  // the default pool's source, and of pools without one
   Accounts accounts;  // the cap and the statistics: the only way to change reserved (core/accounts.h)
   mutable DeviceLock lanes;  // the device's locks, and the arenas of the Blocks (core/lanes.h)
@@ -59,23 +58,32 @@ struct DeviceState {
   SegmentTable segments;  // by address: the owner of every Segment (core/segment_table.h)
   Departures departing;  // plain segments empty_cache is giving back outside the lock (core/departures.h)
 
+  // Asks the backend for the device's memory, once. DeviceCore asks only when the config is known
+  // to be sane: a bad release threshold is refused before the backend hears of the device.
+  void ask_device_total() { device_total_ = backend.total_memory(device); }
+  std::size_t device_total() const { return device_total_; }
+
   // A pool target is active: a graph may be capturing, so nothing waits on events, synchronizes or
   // unmaps.
   bool capturing() const { return pools.capturing(); }
-  SegmentSource& source_of(const Pool& pool) { return pool.source ? *pool.source : backend_source; }
+  SegmentSource& source_of(const Pool& pool) { return pool.source() ? *pool.source() : backend_source; }
   // The default pool's cache, and a private pool's once nobody holds it, may go back.
-  bool releasable_pool(const Pool& pool) const { return &pool == &default_pool || pool.use_count == 0; }
+  bool releasable_pool(const Pool& pool) const { return &pool == &default_pool || pool.use_count() == 0; }
 
   // Where the blocks of `stream` come from and go back to, on every path.
   BlockArena& arena_for(StreamId stream) { return lanes.arena_for(stream); }
 
-  // Files a segment of [addr, addr + size) under the pool, as one block, its head from its stream's
-  // arena; statistics are the caller's.
-  Segment* add_segment(Pool& pool, bool small, StreamId stream, std::uintptr_t addr, std::size_t size) {
-    return segments.add(pool, source_of(pool), arena_for(stream), small, stream, addr, size);
+  // Files a segment of [addr, addr + size) under the pool, as one block (unmapped if growable), its
+  // head from its stream's arena; statistics are the caller's.
+  Segment* add_segment(Pool& pool, bool small, StreamId stream, std::uintptr_t addr, std::size_t size,
+                       bool growable) {
+    return segments.add(pool, source_of(pool), arena_for(stream), small, stream, addr, size, growable);
   }
   // Forgets a segment whose memory went back. Statistics are the caller's.
   void erase_segment(Segment* segment) { segments.erase(segment, arena_for(segment->stream)); }
+
+ private:
+  std::size_t device_total_ = 0;
 };
 
 }  // namespace gpumem

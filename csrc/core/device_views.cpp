@@ -1,8 +1,6 @@
 // DeviceCore's calls for the facade (core/device_allocator.h): its settings, the views of its
 // memory (snapshots, work counts) and the sharing's hooks; each runs under the whole device, which
 // the facade holds, unless it says otherwise.
-#include <stdexcept>
-
 #include "core/device_core.h"
 
 namespace gpumem {
@@ -53,7 +51,7 @@ std::vector<SegmentInfo> DeviceCore::snapshot() const {
   for (const auto& [addr, segment] : d_.segments) {
     const Segment& s = *segment;
     for_each_stretch(s, [&](const Block* first, const Block* end, std::uintptr_t stop) {
-      SegmentInfo info{first->addr, stop - first->addr, s.stream, s.pool->id, s.small, s.growable, {}};
+      SegmentInfo info{first->addr, stop - first->addr, s.stream, s.pool->id(), s.small, s.growable, {}};
       for (const Block* b = first; b != end; b = b->next) info.blocks.push_back(info_of(*b));
       out.push_back(std::move(info));
     });
@@ -114,14 +112,7 @@ bool DeviceCore::heads_a_split(const Block* block) const {
 }
 
 void DeviceCore::set_pool_option(PoolId id, PoolOption option, bool on) {
-  Pool& pool = d_.pools.existing(id);
-  if (option == PoolOption::kUseOnOom) {
-    pool.use_on_oom = on;
-  } else if (on) {
-    pool.no_split = true;
-  } else {
-    throw std::invalid_argument("gpumem: a pool's no_split can only be turned on (its blocks may be split already)");
-  }
+  d_.pools.existing(id).set_option(option, on);
 }
 
 }  // namespace gpumem

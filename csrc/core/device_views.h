@@ -55,11 +55,6 @@ struct WorkCounts {
   std::size_t growable_allowance = 0;  // bytes a growth may pass the high mark by now (GrowableSegments)
 };
 
-// A private pool's options (MemPool's). kNoSplit: its blocks are never split (it can only be
-// turned on: blocks already split would break it). kUseOnOom: while held, its cached free blocks
-// may serve a default-pool request that could not get new memory.
-enum class PoolOption { kNoSplit, kUseOnOom };
-
 struct DeviceSettings {
   LimitScope scope = LimitScope::kAllocator;
   double release_threshold = 0.0;

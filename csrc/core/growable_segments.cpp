@@ -137,15 +137,12 @@ GrowableSegments::Growth GrowableSegments::choose_unmapped(const Request& r) con
 Block* GrowableSegments::reserve_range(const Request& r) {
   Pool& pool = *r.pool;
   const bool small = r.small;
-  const std::size_t bytes = round_up(std::max(d_.device_total, r.size), page_size_);
+  const std::size_t bytes = round_up(std::max(d_.device_total(), r.size), page_size_);
   void* ptr = d_.backend.reserve_address(d_.device, bytes);
   if (!ptr) return nullptr;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   if (d_.segments.overlaps(addr, bytes)) d_.segments.throw_overlap("reserve_address", addr, bytes);
-  Segment* segment = d_.add_segment(pool, small, r.stream, addr, bytes);
-  segment->growable = true;
-  segment->mapped = 0;
-  segment->head->mapped = false;
+  Segment* segment = d_.add_segment(pool, small, r.stream, addr, bytes, /*growable=*/true);
   pool.unmapped_for(small).insert(segment->head);
   d_.accounts.open_segment(small);
   return segment->head;

@@ -67,10 +67,10 @@ void check_block(int device, const Segment& s, const Block* b) {
 
 // A segment goes back where it came from: its pool's own source, else the backend's.
 void check_source(int device, const Segment& s, const SegmentSource* backend_source) {
-  const SegmentSource* expected = s.pool->source ? s.pool->source.get() : backend_source;
+  const SegmentSource* expected = s.pool->source() ? s.pool->source() : backend_source;
   if (s.source != expected) broken(device, "segment's source is not its pool's", s.addr);
-  if (s.growable && s.pool->source) broken(device, "growable segment in a pool with a source of its own", s.addr);
-  if (s.pool->no_split && s.head->next) broken(device, "segment of a no_split pool holds more than one block", s.addr);
+  if (s.growable && s.pool->source()) broken(device, "growable segment in a pool with a source of its own", s.addr);
+  if (s.pool->no_split() && s.head->next) broken(device, "segment of a no_split pool holds more than one block", s.addr);
 }
 
 // A growable segment's chunks tile its mapped stretches: disjoint, whole pages, inside the
@@ -164,15 +164,16 @@ void check_device(const DeviceCore& core) {
     check_source(d.device, *segment, &d.backend_source);
   }
   const auto check_pool = [&](const Pool& pool) {
-    for (const FreeBlocks* set : {&pool.small_blocks, &pool.large_blocks, &pool.unmapped_small, &pool.unmapped_large}) {
-      set->check();
+    for (const bool small : {true, false}) {
+      pool.blocks_for(small).check();
+      pool.unmapped_for(small).check();
     }
-    const std::size_t in_sets = pool.small_blocks.size() + pool.large_blocks.size();
+    const std::size_t in_sets = pool.blocks_for(true).size() + pool.blocks_for(false).size();
     if (in_sets != r.free_blocks[&pool]) broken(d.device, "a free set holds blocks that are not free blocks of its segments", 0);
-    if (pool.unmapped_small.size() + pool.unmapped_large.size() != r.unmapped_blocks[&pool]) {
+    if (pool.unmapped_for(true).size() + pool.unmapped_for(false).size() != r.unmapped_blocks[&pool]) {
       broken(d.device, "an unmapped set holds blocks that are not unmapped blocks of its segments", 0);
     }
-    if (pool.segments != r.segments[&pool]) broken(d.device, "a pool's segment count differs from its segments", 0);
+    if (pool.segments() != r.segments[&pool]) broken(d.device, "a pool's segment count differs from its segments", 0);
   };
   check_pool(d.default_pool);
   d.pools.for_each(check_pool);

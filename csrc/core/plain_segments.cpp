@@ -28,9 +28,8 @@ Block* PlainSegments::reserve(Request& r, std::size_t bytes) {
     return got;
   });
   if (!ptr) return nullptr;
-  Segment* segment = d_.add_segment(*r.pool, r.small, r.stream, reinterpret_cast<std::uintptr_t>(ptr), bytes);
-  segment->mapped = bytes;
-  return segment->head;
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  return d_.add_segment(*r.pool, r.small, r.stream, addr, bytes, /*growable=*/false)->head;
 }
 
 std::vector<Segment*> PlainSegments::unused() const {

@@ -36,23 +36,18 @@ void PrivatePools::create(PoolId id, std::shared_ptr<SegmentSource> source) {
                                 " exists already, so it cannot take an allocator of its own; a pool's allocator "
                                 "is given only when the pool is created (torch.cuda.MemPool(allocator) makes a new pool)");
   }
-  if (!pool) {
-    pool = std::make_unique<Pool>();
-    pool->id = id;
-    pool->source = std::move(source);
-  }
-  ++pool->use_count;
+  if (!pool) pool = std::make_unique<Pool>(id, std::move(source));
+  pool->add_holder();
 }
 
 bool PrivatePools::drop_holder(PoolId id) {
   auto it = pools_.find(id);
-  if (it == pools_.end() || it->second->use_count == 0) return false;
-  return --it->second->use_count == 0;
+  return it != pools_.end() && it->second->drop_holder();
 }
 
 int PrivatePools::use_count(PoolId id) const {
   auto it = pools_.find(id);
-  return it == pools_.end() ? 0 : it->second->use_count;
+  return it == pools_.end() ? 0 : it->second->use_count();
 }
 
 Pool& PrivatePools::existing(PoolId id) const {
@@ -66,7 +61,7 @@ Pool& PrivatePools::existing(PoolId id) const {
 
 Pool* PrivatePools::unheld(PoolId id) const {
   auto it = pools_.find(id);
-  return it == pools_.end() || it->second->use_count > 0 ? nullptr : it->second.get();
+  return it == pools_.end() || it->second->use_count() > 0 ? nullptr : it->second.get();
 }
 
 void PrivatePools::begin_target(PoolId id, StreamFilter filter) {
@@ -79,7 +74,7 @@ void PrivatePools::begin_target(PoolId id, StreamFilter filter) {
 
 void PrivatePools::end_target(PoolId id) {
   for (auto it = targets_.rbegin(); it != targets_.rend(); ++it) {
-    if (it->pool->id == id) {
+    if (it->pool->id() == id) {
       targets_.erase(std::next(it).base());
       return;
     }
@@ -95,7 +90,7 @@ Pool& PrivatePools::target_for(StreamId stream, Pool& otherwise) const {
 
 Block* PrivatePools::take_for_oom(bool small, StreamId stream, std::size_t size) {
   for (auto& [id, pool] : pools_) {
-    if (!pool->use_on_oom || pool->use_count == 0) continue;
+    if (!pool->use_on_oom() || pool->use_count() == 0) continue;
     if (Block* block = pool->blocks_for(small).take_best_fit(stream, size)) return block;
   }
   return nullptr;
@@ -108,7 +103,7 @@ bool PrivatePools::is_target(const Pool* pool) const {
 void PrivatePools::erase_dead() {
   for (auto it = pools_.begin(); it != pools_.end();) {
     const Pool* pool = it->second.get();
-    const bool dead = pool->use_count == 0 && pool->segments == 0 && !is_target(pool);
+    const bool dead = pool->use_count() == 0 && pool->segments() == 0 && !is_target(pool);
     it = dead ? pools_.erase(it) : std::next(it);
   }
 }

@@ -87,7 +87,7 @@ bool CacheRelease::pool_cache(const Pool& pool) {
 bool CacheRelease::unheld_pools_cache() {
   bool released = false;
   d_.pools.for_each([&](const Pool& pool) {
-    if (pool.use_count == 0 && pool_cache(pool)) released = true;
+    if (pool.use_count() == 0 && pool_cache(pool)) released = true;
   });
   return released;
 }

@@ -7,13 +7,15 @@
 namespace gpumem {
 
 Segment* SegmentTable::add(Pool& pool, SegmentSource& source, BlockArena& arena, bool small, StreamId stream,
-                           std::uintptr_t addr, std::size_t size) {
+                           std::uintptr_t addr, std::size_t size, bool growable) {
   auto segment = std::make_unique<Segment>();
   segment->addr = addr;
   segment->size = size;
   segment->stream = stream;
   segment->pool = &pool;
   segment->small = small;
+  segment->growable = growable;
+  segment->mapped = growable ? 0 : size;
   segment->serial = next_serial_++;
   segment->source = &source;
   segment->owner = owner_;
@@ -23,14 +25,14 @@ Segment* SegmentTable::add(Pool& pool, SegmentSource& source, BlockArena& arena,
   head->stream = stream;
   head->segment = segment.get();
   head->prev = head->next = nullptr;
-  head->mapped = true;
+  head->mapped = !growable;
   segment->head = head;
-  ++pool.segments;
+  pool.segment_filed();
   return segments_.emplace(addr, std::move(segment)).first->second.get();
 }
 
 void SegmentTable::erase(Segment* segment, BlockArena& arena) {
-  --segment->pool->segments;
+  segment->pool->segment_erased();
   arena.recycle(segment->head);
   segments_.erase(segment->addr);
 }

@@ -30,9 +30,10 @@ class SegmentTable {
   SegmentTable& operator=(const SegmentTable&) = delete;
 
   // Files [addr, addr + size) of `pool`'s memory from `source` as one segment of one block, its
-  // head made by `arena`. Statistics are the caller's.
+  // head made by `arena`: mapped whole, or for a growable segment an address range with no page
+  // mapped yet (GrowableSegments maps them). Statistics are the caller's.
   Segment* add(Pool& pool, SegmentSource& source, BlockArena& arena, bool small, StreamId stream, std::uintptr_t addr,
-               std::size_t size);
+               std::size_t size, bool growable);
   // Forgets a segment whose memory went back; its head goes back to `arena`.
   void erase(Segment* segment, BlockArena& arena);
   bool overlaps(std::uintptr_t addr, std::size_t size) const;

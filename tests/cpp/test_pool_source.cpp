@@ -331,7 +331,7 @@ Tally run_random(std::uint64_t seed, bool no_split, std::uint64_t ops) {
       try {
         live.push_back(sim.alloc.malloc(log_uniform(512, 16.0 * MiB), stream));
         const bool to_pool = routed && stream == kStream1;
-        if (!to_pool && live.back()->segment->pool->id == kPool) {
+        if (!to_pool && live.back()->segment->pool->id() == kPool) {
           REQUIRE(held);  // a released pool lends nothing
           ++tally.borrowed;
         }
