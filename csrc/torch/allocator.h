@@ -221,18 +221,8 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
   // Runs a core call; its OutOfMemoryError is reported (observers, history, with `context`'s stack
   // where there is one) and rethrown as torch's, any other error as a c10 error. A pointer, so
   // that a call with no stack makes no Context on its way.
-  // Before an out-of-memory error, torch's free-memory callbacks run, as native runs them
-  // (torch.cuda.ipc_collect's: blocks sent to other processes that every receiver let go), and
-  // the call is tried once more if one freed something.
   template <class F>
   decltype(auto) call_core(StreamId stream, const History::Context* context, F&& f) {
-    try {
-      return f();
-    } catch (const OutOfMemoryError& error) {
-      if (!run_free_memory_callbacks()) report_oom(error, stream, context ? *context : History::Context());
-    } catch (...) {
-      rethrow_as_c10_error();
-    }
     try {
       return f();
     } catch (const OutOfMemoryError& error) {
@@ -241,9 +231,6 @@ class TorchAllocator final : public torch_compat::CUDAAllocator {
       rethrow_as_c10_error();
     }
   }
-  // Runs every callback in torch's FreeCudaMemoryCallbacksRegistry; whether one freed memory.
-  // Never throws: a failing callback is a warning.
-  static bool run_free_memory_callbacks();
   // The core's free, told to the history and the profiler; straight to the core when nobody
   // listens (the hot path, inline in raw_delete).
   void free_recorded(Block* block) {

@@ -19,7 +19,6 @@
 #include <sstream>
 #include <unordered_map>
 
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/util/Exception.h>
 
 #include "torch/allocator.h"
@@ -134,17 +133,5 @@ std::shared_ptr<void> TorchAllocator::getIpcDevPtr(std::string handle) {
 }
 
 std::size_t TorchAllocator::ipc_opened() const { return ipc_opened_->size(); }
-
-bool TorchAllocator::run_free_memory_callbacks() {
-  bool freed = false;
-  for (const std::string& name : c10::FreeCudaMemoryCallbacksRegistry()->Keys()) {
-    try {
-      freed = c10::FreeCudaMemoryCallbacksRegistry()->Create(name)->Execute() || freed;
-    } catch (const std::exception& error) {
-      TORCH_WARN("gpumem: torch's free-memory callback ", name, " failed: ", error.what());
-    }
-  }
-  return freed;
-}
 
 }  // namespace gpumem

@@ -246,39 +246,3 @@ TEST_CASE("a malformed handle received is refused as a c10 error with the decode
   REQUIRE_THROWS_WITH(receiver.adapter.getIpcDevPtr("handle"), Catch::Contains("a CUDA IPC handle of 6 bytes"));
   REQUIRE_THROWS_AS(receiver.adapter.getIpcDevPtr("handle"), c10::Error);
 }
-
-// ---- torch's free-memory callbacks ----
-
-namespace {
-
-// What the callback below frees: a tensor a test parks here, as torch's IPC limbo holds blocks
-// sent to other processes until their receivers let go.
-c10::DataPtr& parked() {
-  static c10::DataPtr ptr;
-  return ptr;
-}
-
-struct FreeParked final : c10::FreeMemoryCallback {
-  bool Execute() override {
-    if (!parked()) return false;
-    parked().clear();
-    return true;
-  }
-};
-
-}  // namespace
-
-namespace c10 {
-REGISTER_FREE_MEMORY_CALLBACK("gpumem_test_free_parked", FreeParked);
-}  // namespace c10
-
-TEST_CASE("before an out-of-memory error torch's free-memory callbacks run and the allocation is retried", "[torch][ipc]") {
-  SimAdapter sim(64 * MiB, 1);
-  c10::DataPtr held = sim.adapter.allocate(40 * MiB);
-  parked() = sim.adapter.allocate(20 * MiB);
-  c10::DataPtr more = sim.adapter.allocate(20 * MiB);  // fits only once the parked tensor went
-  REQUIRE(more.get() != nullptr);
-  REQUIRE_FALSE(parked());
-  // Nothing left to free: the error comes, as before.
-  REQUIRE_THROWS_AS(sim.adapter.allocate(20 * MiB), c10::OutOfMemoryError);
-}
