@@ -3,7 +3,7 @@
 summarizes what differs. It holds no PyTorch test code: the tests come from the directory given.
 
     torch_tests.py run TESTS OUT [--file F ...] [-k EXPR] [--shard I/N] [--modes native,gpumem]
-                       [--limit 120GB] [--budget 480] [--test-timeout 300] [--jobs 1]
+                       [--limit 90%] [--budget 480] [--test-timeout 300] [--jobs 1]
     torch_tests.py collect TESTS OUT [--file F ...] [-k EXPR]
     torch_tests.py summary OUT [--json]
 
@@ -464,7 +464,7 @@ def main(argv: list[str]) -> int:
     r.add_argument("-k", help="pytest's -k expression over the file's tests")
     r.add_argument("--shard", type=shard_arg, default=(1, 1))
     r.add_argument("--modes", type=modes_arg, default=list(MODES))
-    r.add_argument("--limit", default="120GB", help="GPUMEM_LIMIT for the gpumem runs")
+    r.add_argument("--limit", default="90%", help="GPUMEM_LIMIT for the gpumem runs (a share of the device by default: a size above the device is refused)")
     r.add_argument("--budget", type=float, default=480, help="seconds before it stops (to be run again)")
     r.add_argument("--test-timeout", type=float, default=300, help="seconds without progress before a test is killed")
     r.add_argument("--jobs", type=jobs_arg, default=1, help="pytest processes at once, the modes side by side")
@@ -473,7 +473,7 @@ def main(argv: list[str]) -> int:
     c.add_argument("out")
     c.add_argument("--file", action="append")
     c.add_argument("-k")
-    c.add_argument("--limit", default="120GB")
+    c.add_argument("--limit", default="90%")
     s = sub.add_parser("summary")
     s.add_argument("out")
     s.add_argument("--json", action="store_true")
