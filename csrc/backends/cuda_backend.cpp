@@ -124,6 +124,9 @@ class MappedChunks {
   std::size_t bytes() const { return bytes_; }
   const std::vector<std::pair<std::uintptr_t, std::size_t>>& chunks() const { return chunks_; }
   void keep() { kept_ = true; }
+  // Whether the chunks made are exportable: false once the driver refused an exportable one and
+  // the rest were made without.
+  bool exportable() const { return prop_.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE; }
 
   // Backs the next `bytes` with one new allocation; false when the device has no memory for it.
   bool map_next(std::size_t bytes) {
@@ -149,12 +152,6 @@ class MappedChunks {
   std::vector<std::pair<std::uintptr_t, std::size_t>> chunks_;
   bool kept_ = false;
 
- public:
-  // Whether the chunks made are exportable: false once the driver refused an exportable one and
-  // the rest were made without.
-  bool exportable() const { return prop_.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE; }
-
- private:
   // An exportable allocation where asked, else (the driver refusing that kind, as some containers
   // and drivers do) a plain one, and plain ones from then on.
   CUresult create(CUmemGenericAllocationHandle* handle, std::size_t bytes) {

@@ -63,6 +63,15 @@ SharedTable& shared_table() {
   return *table;
 }
 
+// Memory going back takes its exports with it; a backend that exported nothing (nearly every
+// one) skips the shared table and its lock.
+void forget_exports(const void* owner, SimBackend::Ledger& ledger, int device, std::uintptr_t addr, std::size_t bytes) {
+  if (ledger.exports == 0) return;
+  SharedTable& table = shared_table();
+  std::lock_guard<std::mutex> shared(table.mutex);
+  ledger.exports -= table.forget(owner, device, addr, bytes);
+}
+
 [[noreturn]] void misuse(const char* call, int device, std::uintptr_t addr, std::size_t bytes, const char* why) {
   throw std::logic_error(std::string("gpumem: simulated device ") + std::to_string(device) + ": " + call + "(" +
                          hex(addr) + ", " + std::to_string(bytes) + " bytes) " + why);
@@ -193,11 +202,7 @@ void SimBackend::release(int device, void* ptr, std::size_t bytes) {
                            std::to_string(bytes) + " bytes at an address it did not hand out with that size");
   }
   d.live.erase(it);
-  {
-    SharedTable& table = shared_table();
-    std::lock_guard<std::mutex> shared(table.mutex);
-    d.ledger.exports -= table.forget(this, device, addr, bytes);
-  }
+  forget_exports(this, d.ledger, device, addr, bytes);
   d.segments.give_back(addr, bytes);
   d.ledger.in_use -= bytes;
   ++d.ledger.releases;
@@ -418,11 +423,7 @@ void SimBackend::unmap(int device, void* ptr, std::size_t bytes) {
   span.range->mappings.erase(span.range->mappings.lower_bound(span.first), span.range->mappings.lower_bound(span.first + span.count));
   span.mark(false);
   Device& d = device_locked(device);
-  {
-    SharedTable& table = shared_table();
-    std::lock_guard<std::mutex> shared(table.mutex);
-    d.ledger.exports -= table.forget(this, device, reinterpret_cast<std::uintptr_t>(ptr), bytes);
-  }
+  forget_exports(this, d.ledger, device, reinterpret_cast<std::uintptr_t>(ptr), bytes);
   d.ledger.in_use -= bytes;
   d.ledger.mapped -= bytes;
   ++d.ledger.unmaps;

@@ -27,6 +27,10 @@
 
 namespace gpumem {
 
+// What a receiver that cannot take growable memory is told to do.
+constexpr const char* kSendPlain =
+    "send from a process with plain segments (GPUMEM_SEGMENTS=plain under gpumem, or expandable_segments:False natively)";
+
 class IpcOpened {
  public:
   explicit IpcOpened(Backend& backend) : backend_(backend) {}
@@ -45,17 +49,15 @@ class IpcOpened {
       ptr = self->backend_.open_segment(device, h.cuda_handle);
     } else {
       if (h.fabric) {
-        throw std::runtime_error(
-            "gpumem: the sender shared growable memory as fabric handles, which gpumem cannot open yet; have the "
-            "sending process use plain segments (GPUMEM_SEGMENTS=plain under gpumem, or expandable_segments:False natively)");
+        throw std::runtime_error(std::string("gpumem: the sender shared growable memory as fabric handles, which gpumem "
+                                             "cannot open; ") + kSendPlain);
       }
       try {
         ptr = self->backend_.open_chunks(device, h.pid, h.fds, h.bytes);
       } catch (const std::runtime_error& error) {
         throw std::runtime_error(std::string(error.what()) +
                                  ". Growable memory passes between processes of one user where the kernel lets one take "
-                                 "another's file descriptors (pidfd_getfd); elsewhere, send from a process with plain "
-                                 "segments (GPUMEM_SEGMENTS=plain under gpumem, or expandable_segments:False natively)");
+                                 "another's file descriptors (pidfd_getfd); elsewhere, " + kSendPlain);
       }
     }
     // The deleter reaches the table through a weak pointer: once the adapter is gone (the
