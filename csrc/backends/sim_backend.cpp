@@ -452,6 +452,19 @@ bool SimBackend::is_mapped(int device, std::uintptr_t addr) const {
   return is_mapped_locked(device_locked(device), addr);
 }
 
+bool SimBackend::holds_whole_chunk(int device, std::uintptr_t addr, std::size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Device& d = device_locked(device);
+  auto it = d.ranges.upper_bound(addr);
+  if (it == d.ranges.begin()) return false;
+  --it;
+  if (addr - it->first >= it->second.bytes) return false;
+  const std::size_t first = (addr - it->first + page_ - 1) / page_;
+  const std::size_t end = (std::min(addr + bytes - it->first, it->second.bytes)) / page_;
+  const auto chunk = it->second.mappings.lower_bound(first);
+  return chunk != it->second.mappings.end() && chunk->second <= end;
+}
+
 bool SimBackend::peer_can_access(int device, int peer, std::uintptr_t addr) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const Device& d = device_locked(device);

@@ -109,6 +109,9 @@ class SimBackend : public Backend {
   void refuse_addresses(bool refuse);
   // Whether the page holding `addr` is mapped on `device`.
   bool is_mapped(int device, std::uintptr_t addr) const;
+  // Whether some map call's chunk (one physical allocation, given back whole) lies wholly inside
+  // [addr, addr + bytes) on `device`: memory there that an unmap could give back.
+  bool holds_whole_chunk(int device, std::uintptr_t addr, std::size_t bytes) const;
   // Whether `peer` may access `addr` on `device`: its page is mapped and `peer` was granted (a
   // device always reaches its own pages).
   bool peer_can_access(int device, int peer, std::uintptr_t addr) const;

@@ -110,9 +110,11 @@ void CachingAllocator::configure(int index, const AllocatorConfig& config) {
   std::lock_guard<std::mutex> lock(create_mutex_);
   if (DeviceAllocator* ready = devices_[index].get()) {
     check_release_threshold(config.release_threshold);  // before anything changes
+    check_large_chunk(config.large_chunk);
     ready->set_limit(config.limit);
     ready->set_release_threshold(config.release_threshold);
     ready->set_growable(config.growable);
+    ready->set_large_chunk(config.large_chunk);
     ready->set_scope(config.scope);
   }
   configs_[index] = config;

@@ -122,6 +122,19 @@ void DeviceAllocator::set_growable(bool on) {
   core_.set_growable(on);
 }
 
+void check_large_chunk(std::size_t bytes) {
+  if (bytes > GrowableSegments::kMaxChunk) {
+    throw std::invalid_argument("gpumem: a chunk of " + std::to_string(bytes) + " bytes is larger than the largest, " +
+                                std::to_string(GrowableSegments::kMaxChunk) + " bytes; accepted: 0 (pages) to 256 MiB");
+  }
+}
+
+void DeviceAllocator::set_large_chunk(std::size_t bytes) {
+  check_large_chunk(bytes);
+  const WholeDevice whole(core_);
+  core_.set_large_chunk(bytes);
+}
+
 void DeviceAllocator::set_capture_reuse(bool on) {
   const WholeDevice whole(core_);
   core_.set_capture_reuse(on);

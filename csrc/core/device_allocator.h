@@ -27,6 +27,10 @@
 
 namespace gpumem {
 
+// std::invalid_argument, naming the bytes, for a least chunk (AllocatorConfig::large_chunk) above
+// the largest chunk growable segments map (GrowableSegments::kMaxChunk).
+void check_large_chunk(std::size_t bytes);
+
 class DeviceAllocator {
  public:
   DeviceAllocator(Backend& backend, int device, const AllocatorConfig& config)
@@ -83,6 +87,9 @@ class DeviceAllocator {
   // Whether new memory of the default pool comes from growable segments. Asking for them where the
   // backend cannot map pages keeps plain segments; memory already reserved stays as it is.
   void set_growable(bool on);
+  // The least chunk the large pool's new growable memory is mapped in (AllocatorConfig::
+  // large_chunk); check_large_chunk's error, changing nothing, for a bad one.
+  void set_large_chunk(std::size_t bytes);
   // The backend's page size for growable segments; 0 where it cannot map pages.
   std::size_t page_size() const { return core_.page_size(); }
   // Whether a block freed during a capture while other streams used it may be reused before the

@@ -60,7 +60,7 @@ void check_limit_fits(std::optional<std::size_t> limit, int device, std::size_t 
 
 DeviceCore::DeviceCore(Backend& backend, int device, const AllocatorConfig& config, DeviceAllocator* owner)
     : d_(backend, device, owner),
-      sources_(d_, config.growable),
+      sources_(d_, config.growable, config.large_chunk),
       events_(backend, device),
       uncached_(backend, device),
       release_(d_, sources_, config.release_threshold),

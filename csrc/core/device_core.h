@@ -44,6 +44,10 @@ struct AllocatorConfig {
   // New memory comes from growable segments where the backend can map pages (the default), else
   // from plain segments. See core/growable_segments.cpp.
   bool growable = true;
+  // The least chunk the large pool's growable segments map (Note [physical chunks] in
+  // core/growable_segments.cpp): the least power-of-two number of pages at least this. 0, or a
+  // page, maps requests under 64 pages page by page.
+  std::size_t large_chunk = 0;
   LimitScope scope = LimitScope::kAllocator;
 };
 
@@ -133,6 +137,7 @@ class DeviceCore {
   void watch_pressure(int slot, double share) { d_.accounts.watch_pressure(slot, share); }
   void set_release_threshold(double share) { release_.set_threshold(share); }
   void set_growable(bool on) { sources_.growable.set_on(on); }
+  void set_large_chunk(std::size_t bytes) { sources_.growable.set_large_chunk(bytes); }
   void set_capture_reuse(bool on) { events_.set_capture_reuse(on); }
   DeviceStats stats() const { return d_.accounts.ledger().snapshot(); }
   void reset_peak_stats() { d_.accounts.reset_peaks(); }

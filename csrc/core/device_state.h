@@ -73,11 +73,12 @@ struct DeviceState {
   // Where the blocks of `stream` come from and go back to, on every path.
   BlockArena& arena_for(StreamId stream) { return lanes.arena_for(stream); }
 
-  // Files a segment of [addr, addr + size) under the pool, as one block (unmapped if growable), its
-  // head from its stream's arena; statistics are the caller's.
+  // Files a segment of [addr, addr + size) under the pool, as one block, its head from its
+  // stream's arena: a plain segment for `chunk` 0, else an unmapped growable one mapped in chunks
+  // of that size. Statistics are the caller's.
   Segment* add_segment(Pool& pool, bool small, StreamId stream, std::uintptr_t addr, std::size_t size,
-                       bool growable) {
-    return segments.add(pool, source_of(pool), arena_for(stream), small, stream, addr, size, growable);
+                       std::size_t chunk) {
+    return segments.add(pool, source_of(pool), arena_for(stream), small, stream, addr, size, chunk);
   }
   // Forgets a segment whose memory went back. Statistics are the caller's.
   void erase_segment(Segment* segment) { segments.erase(segment, arena_for(segment->stream)); }

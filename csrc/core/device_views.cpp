@@ -6,7 +6,7 @@
 namespace gpumem {
 
 DeviceSettings DeviceCore::settings() const {
-  return {scope_.scope(), release_.threshold(), sources_.growable.in_effect()};
+  return {scope_.scope(), release_.threshold(), sources_.growable.in_effect(), sources_.growable.large_chunk()};
 }
 
 void DeviceCore::set_share(ShareHooks* share) {

@@ -59,6 +59,7 @@ struct DeviceSettings {
   LimitScope scope = LimitScope::kAllocator;
   double release_threshold = 0.0;
   bool growable = false;
+  std::size_t chunk = 0;  // GrowableSegments::large_chunk()
 };
 
 }  // namespace gpumem

@@ -42,15 +42,31 @@ bool larger(const Block* a, const Block* b) { return a->size > b->size; }
 
 }  // namespace
 
-// A block of at least `size` bytes made by mapping pages, or nullptr if the cap or the device has
-// no room. Where no address range can be had, a plain segment instead.
+// A block of at least `size` bytes made by mapping chunks, or nullptr if the cap or the device has
+// no room. Mapped in the chunks the request's size calls for (Note [physical chunks]), else, where
+// the cap or the device has no room for whole ones, page by page. Where no address range can be
+// had, a plain segment instead.
 Block* GrowableSegments::grow(Request& r) {
-  Growth growth = choose_unmapped(r);
-  if (recycle_before_high_mark(growth, r.stream, r.size)) growth = choose_unmapped(r);
+  const std::size_t chunk = chunk_for(r.small, round_up(r.size, page_size_));
+  bool no_range = false;
+  Block* block = grow_in_chunks(r, chunk, no_range);
+  if (!block && !no_range && chunk > page_size_) block = grow_in_chunks(r, page_size_, no_range);
+  if (!block && no_range) return plain_.grow(r);
+  return block;
+}
+
+// grow() in the segments of `chunk`; nullptr with `no_range` set where a new segment was needed
+// and the backend had no address range.
+Block* GrowableSegments::grow_in_chunks(Request& r, std::size_t chunk, bool& no_range) {
+  Growth growth = choose_unmapped(r, chunk);
+  if (recycle_before_high_mark(growth, r.stream, round_up(r.size, chunk))) growth = choose_unmapped(r, chunk);
   Block* unmapped = growth.block;
   const bool fresh = unmapped == nullptr;
-  if (fresh) unmapped = reserve_range(r);
-  if (!unmapped) return plain_.grow(r);
+  if (fresh) unmapped = reserve_range(r, chunk);
+  if (!unmapped) {
+    no_range = true;
+    return nullptr;
+  }
   Segment* segment = unmapped->segment;
   Block* block = map_front(r, unmapped);
   if (!block && fresh) release_range(segment);
@@ -77,8 +93,8 @@ Block* GrowableSegments::grow(Request& r) {
 // its allocated peak; a job that keeps moving pages pays at most one cache's worth of moves per
 // grant, and the grants double, so after a few its cache holds its working set, as native's does.
 // None of this passes the cap: a growth within the allowance still asks it.
-bool GrowableSegments::recycle_before_high_mark(const Growth& growth, StreamId stream, std::size_t size) {
-  const std::size_t pages = growth.block ? growth.pages : round_up(size, page_size_);
+bool GrowableSegments::recycle_before_high_mark(const Growth& growth, StreamId stream, std::size_t fresh) {
+  const std::size_t pages = growth.block ? growth.pages : fresh;
   const std::size_t reserved = d_.accounts.cap().reserved();
   if (reserved + pages <= d_.accounts.reserved_high()) return false;
   const std::size_t past = reserved + pages - d_.accounts.reserved_high();
@@ -101,14 +117,15 @@ bool GrowableSegments::recycle_before_high_mark(const Growth& growth, StreamId s
   return moved > 0;
 }
 
-// The unmapped block that, mapped from its start and joined with its free mapped neighbours,
-// holds `size` bytes with the fewest new pages (the lowest address among equals), and those pages'
-// bytes; no block if none. Among the stream's kHolesLooked largest unmapped blocks only: a stream
+// The unmapped block of a segment of `chunk` that, mapped from its start and joined with its free
+// mapped neighbours, holds `size` bytes with the fewest new chunks (the lowest address among
+// equals), and those chunks' bytes; no block if none. Among the stream's kHolesLooked largest
+// unmapped blocks only: a stream
 // whose free pages were unmapped between many live blocks has as many holes, and looking at each
 // one at every growth would make a ramp through them quadratic. Past that many, a growth may map
 // a few more pages than the fewest possible (the largest holes, which most often hold the request
 // alone, are the ones looked at); the high mark still bounds what it reserves.
-GrowableSegments::Growth GrowableSegments::choose_unmapped(const Request& r) const {
+GrowableSegments::Growth GrowableSegments::choose_unmapped(const Request& r, std::size_t chunk) const {
   const std::size_t size = r.size;
   const Block* best = nullptr;
   std::size_t best_need = 0;
@@ -120,10 +137,11 @@ GrowableSegments::Growth GrowableSegments::choose_unmapped(const Request& r) con
     if (!u) break;
     at = {u->size, u->addr};
     ++blocks_visited_;
+    if (u->segment->chunk != chunk) continue;
     const std::size_t before = u->prev && u->prev->is_cached() ? u->prev->size : 0;
     const std::size_t after = u->next && u->next->is_cached() ? u->next->size : 0;
     if (size <= before || before + u->size + after < size) continue;
-    const std::size_t need = size - before <= u->size ? round_up(size - before, page_size_) : u->size;
+    const std::size_t need = size - before <= u->size ? round_up(size - before, chunk) : u->size;
     if (!best || need < best_need || (need == best_need && u->addr < best->addr)) {
       best = u;
       best_need = need;
@@ -132,31 +150,30 @@ GrowableSegments::Growth GrowableSegments::choose_unmapped(const Request& r) con
   return {const_cast<Block*>(best), best_need};
 }
 
-// A new growable segment for the pool and stream: an unmapped block spanning the device's size
-// (or the request, if larger); nullptr when the backend has no address range.
-Block* GrowableSegments::reserve_range(const Request& r) {
+// A new growable segment of `chunk` for the pool and stream: an unmapped block spanning the
+// device's size (or the request, if larger); nullptr when the backend has no address range.
+Block* GrowableSegments::reserve_range(const Request& r, std::size_t chunk) {
   Pool& pool = *r.pool;
   const bool small = r.small;
-  const std::size_t bytes = round_up(std::max(d_.device_total(), r.size), page_size_);
+  const std::size_t bytes = round_up(std::max(d_.device_total(), r.size), chunk);
   void* ptr = d_.backend.reserve_address(d_.device, bytes);
   if (!ptr) return nullptr;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   if (d_.segments.overlaps(addr, bytes)) d_.segments.throw_overlap("reserve_address", addr, bytes);
-  Segment* segment = d_.add_segment(pool, small, r.stream, addr, bytes, /*growable=*/true);
+  Segment* segment = d_.add_segment(pool, small, r.stream, addr, bytes, chunk);
   pool.unmapped_for(small).insert(segment->head);
   d_.accounts.open_segment(small);
   return segment->head;
 }
 
-// Maps the pages at the start of `unmapped` that, with its free mapped neighbours, make a block of
-// `size` bytes, and returns that merged block (in no set); nullptr if the
-// cap or the device refuses the pages.
+// Maps the chunks at the start of `unmapped` that, with its free mapped neighbours, make a block of
+// `size` bytes (the rest of the last one stays cached), and returns that merged block (in no set);
+// nullptr if the cap or the device refuses them.
 Block* GrowableSegments::map_front(Request& r, Block* unmapped) {
-  const std::size_t size = r.size;
   Segment& segment = *unmapped->segment;
   const bool small = segment.small;
   const std::size_t before = unmapped->prev && unmapped->prev->is_cached() ? unmapped->prev->size : 0;
-  const std::size_t bytes = std::min(round_up(size - before, page_size_), unmapped->size);
+  const std::size_t bytes = std::min(round_up(r.size - before, segment.chunk), unmapped->size);
   if (!d_.accounts.map_pages(r.device_refused, small, bytes, [&] { return map_chunks(segment, unmapped->addr, bytes); })) {
     return nullptr;
   }
@@ -222,25 +239,31 @@ bool GrowableSegments::holds_free_page(const Block* block) const {
 // Design note [physical chunks]. Each Backend::map call is one physical allocation, and memory
 // goes back only as whole allocations (a CUDA mapping is unmapped whole). Page-sized allocations
 // let any free page go back, but cost a driver call each way per page: on an H200, mapping 60 GiB
-// as 2 MiB pages took 2.1 s and unmapping it 1.3 s, against 0.05 s each in 64 MiB pieces. So a
-// growth is mapped in chunks of a power-of-two number of pages, the largest not above
-// 1/kChunksPerGrowth of the growth and kMaxChunk: a growth of under 64 pages is mapped page by page
-// as before, a 1 GiB growth in 32 MiB chunks, a 60 GiB one in 256 MiB chunks (240 calls). A free
-// block gives back the chunks wholly inside it; a chunk part of which is in use stays mapped
-// (cached), so a live block holds at most two chunks partly, each under 1/32 of the growth that
-// made it. The chunk table is the segment's (Segment::chunks); Segment::mapped is its sum.
-std::size_t GrowableSegments::chunk_for(std::size_t bytes) const {
+// as 2 MiB pages took 2.1 s and unmapping it 1.3 s, against 0.05 s each in 64 MiB pieces. A
+// chunk is also what another process imports, one driver call each, when a tensor on it is sent
+// (torch/ipc.cpp): a model's weights grown as 2 MiB pages took a receiver 2.6 times native's time
+// to open (native maps its large pool in 20 MiB pages). So the large pool's growths are mapped in
+// chunks of at least AllocatorConfig::large_chunk (16 MiB), rounded up to whole chunks, the rest
+// of the last one cached: where the cap or the device has no room for that rounding, the growth
+// maps just the pages it needs, so a job that fits under a cap to the page still fits. A chunk is
+// a power-of-two number of pages: the least one that is at least large_chunk, or, for a growth
+// of more than 32 of those, the largest within 1/kChunksPerGrowth of the growth and kMaxChunk: a
+// 1 GiB growth maps 32 chunks of 32 MiB, a 60 GiB one 240 of 256 MiB. The small pool (blocks up
+// to 1 MiB) maps page by page. A free block gives back the chunks wholly inside it; a chunk part
+// of which is in use stays mapped (cached), so a live block holds at most two chunks partly. The
+// chunk table is the segment's (Segment::chunks); Segment::mapped is its sum.
+std::size_t GrowableSegments::chunk_for(bool small, std::size_t bytes) const {
   std::size_t chunk = page_size_;
-  while (chunk <= kMaxChunk / 2 && 2 * chunk * kChunksPerGrowth <= bytes) chunk *= 2;
+  if (small) return chunk;
+  while (chunk <= kMaxChunk / 2 && (chunk < large_chunk_ || 2 * chunk * kChunksPerGrowth <= bytes)) chunk *= 2;
   return chunk;
 }
 
-// Maps [addr, addr + bytes) of `segment` in chunks (Note [physical chunks]) and files them; false,
-// with nothing of it mapped, when the device has no memory for them.
+// Maps [addr, addr + bytes), whole chunks of `segment`, and files them; false, with nothing of it
+// mapped, when the device has no memory for them.
 bool GrowableSegments::map_chunks(Segment& segment, std::uintptr_t addr, std::size_t bytes) {
-  const std::size_t chunk = chunk_for(bytes);
-  if (!d_.backend.map(d_.device, reinterpret_cast<void*>(addr), bytes, chunk)) return false;
-  for (std::size_t done = 0; done < bytes; done += chunk) segment.chunks.emplace(addr + done, std::min(chunk, bytes - done));
+  if (!d_.backend.map(d_.device, reinterpret_cast<void*>(addr), bytes, segment.chunk)) return false;
+  for (std::size_t done = 0; done < bytes; done += segment.chunk) segment.chunks.emplace(addr + done, segment.chunk);
   return true;
 }
 

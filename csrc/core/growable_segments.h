@@ -16,15 +16,23 @@ namespace gpumem {
 
 class GrowableSegments final : public MemorySource {
  public:
+  static constexpr std::size_t kMaxChunk = std::size_t{256} << 20;  // Note [physical chunks]
+
   // Where no address range can be had, new memory comes from `plain`. No growable segments until
-  // set_page_size gives the backend's mapping granularity.
-  GrowableSegments(DeviceState& d, PlainSegments& plain, bool on) : d_(d), plain_(plain), on_(on) {}
+  // set_page_size gives the backend's mapping granularity. The large pool's growths map chunks of
+  // at least `large_chunk` bytes (Note [physical chunks] in growable_segments.cpp).
+  GrowableSegments(DeviceState& d, PlainSegments& plain, bool on, std::size_t large_chunk)
+      : d_(d), plain_(plain), on_(on), large_chunk_(large_chunk) {}
 
   // The backend's mapping granularity, 0 where it cannot map pages; set once, before any growth.
   void set_page_size(std::size_t page_size) { page_size_ = page_size; }
   // Whether new memory of `pool` comes from here: the default pool, while asked for and supported.
   bool serves(const Pool& pool) const { return in_effect() && &pool == &d_.default_pool; }
   void set_on(bool on) { on_ = on; }
+  void set_large_chunk(std::size_t bytes) { large_chunk_ = bytes; }
+  // The chunk the large pool's requests under 32 of them are mapped in: the least power-of-two
+  // number of pages of at least large_chunk; 0 where pages cannot be mapped.
+  std::size_t large_chunk() const { return page_size_ > 0 ? chunk_for(false, 0) : 0; }
   bool in_effect() const { return on_ && page_size_ > 0; }
   bool supported() const { return page_size_ > 0; }
   std::size_t page_size() const { return page_size_; }
@@ -54,14 +62,14 @@ class GrowableSegments final : public MemorySource {
     Block* block;       // the unmapped block to map from, or nullptr
     std::size_t pages;  // bytes of the pages it needs
   };
-  Growth choose_unmapped(const Request& r) const;
-  bool recycle_before_high_mark(const Growth& growth, StreamId stream, std::size_t size);
+  Block* grow_in_chunks(Request& r, std::size_t chunk, bool& no_range);
+  Growth choose_unmapped(const Request& r, std::size_t chunk) const;
+  bool recycle_before_high_mark(const Growth& growth, StreamId stream, std::size_t fresh);
   static constexpr std::size_t kChunksPerGrowth = 32;  // Note [physical chunks]
-  static constexpr std::size_t kMaxChunk = std::size_t{256} << 20;
-  std::size_t chunk_for(std::size_t bytes) const;
+  std::size_t chunk_for(bool small, std::size_t bytes) const;
   bool map_chunks(Segment& segment, std::uintptr_t addr, std::size_t bytes);
   std::pair<std::uintptr_t, std::uintptr_t> chunks_inside(const Block* block) const;
-  Block* reserve_range(const Request& r);
+  Block* reserve_range(const Request& r, std::size_t chunk);
   Block* map_front(Request& r, Block* unmapped);
   std::size_t unmap_block(Block* block);
   bool holds_free_page(const Block* block) const;
@@ -76,6 +84,7 @@ class GrowableSegments final : public MemorySource {
   PlainSegments& plain_;
   std::size_t page_size_ = 0;
   bool on_;  // asked for (in effect only if page_size_ > 0)
+  std::size_t large_chunk_;
   mutable std::uint64_t blocks_visited_ = 0;
   // The high mark's allowance (Note in growable_segments.cpp): bytes unmapped to make room since
   // the allowance last grew, the bytes a growth may still pass the mark by without that, and the

@@ -73,17 +73,19 @@ void check_source(int device, const Segment& s, const SegmentSource* backend_sou
   if (s.pool->no_split() && s.head->next) broken(device, "segment of a no_split pool holds more than one block", s.addr);
 }
 
-// A growable segment's chunks tile its mapped stretches: disjoint, whole pages, inside the
-// segment, summing to its mapped bytes, and none reaching into an unmapped block.
+// A growable segment's chunks tile its mapped stretches: disjoint, all of the segment's chunk size
+// (whole pages, and the segment whole chunks), inside the segment, summing to its mapped bytes,
+// and none reaching into an unmapped block.
 void check_chunks(int device, const Segment& s, std::size_t page) {
   if (!s.growable) {
-    if (!s.chunks.empty()) broken(device, "plain segment with chunks", s.addr);
+    if (!s.chunks.empty() || s.chunk != 0) broken(device, "plain segment with chunks", s.addr);
     return;
   }
+  if (s.chunk == 0 || s.chunk % page != 0 || s.size % s.chunk != 0) broken(device, "growable segment is not whole chunks", s.addr);
   std::size_t sum = 0;
   std::uintptr_t end = s.addr;
   for (const auto& [addr, bytes] : s.chunks) {
-    if (addr < end || bytes == 0 || bytes % page != 0 || (addr - s.addr) % page != 0) broken(device, "chunks overlap or are not whole pages", addr);
+    if (addr < end || bytes != s.chunk || (addr - s.addr) % s.chunk != 0) broken(device, "chunks overlap or are not the segment's chunks", addr);
     if (addr + bytes > s.addr + s.size) broken(device, "chunk reaches past its segment", addr);
     end = addr + bytes;
     sum += bytes;

@@ -29,7 +29,7 @@ Block* PlainSegments::reserve(Request& r, std::size_t bytes) {
   });
   if (!ptr) return nullptr;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  return d_.add_segment(*r.pool, r.small, r.stream, addr, bytes, /*growable=*/false)->head;
+  return d_.add_segment(*r.pool, r.small, r.stream, addr, bytes, /*chunk=*/0)->head;
 }
 
 std::vector<Segment*> PlainSegments::unused() const {

@@ -7,7 +7,8 @@
 namespace gpumem {
 
 Segment* SegmentTable::add(Pool& pool, SegmentSource& source, BlockArena& arena, bool small, StreamId stream,
-                           std::uintptr_t addr, std::size_t size, bool growable) {
+                           std::uintptr_t addr, std::size_t size, std::size_t chunk) {
+  const bool growable = chunk > 0;
   auto segment = std::make_unique<Segment>();
   segment->addr = addr;
   segment->size = size;
@@ -15,6 +16,7 @@ Segment* SegmentTable::add(Pool& pool, SegmentSource& source, BlockArena& arena,
   segment->pool = &pool;
   segment->small = small;
   segment->growable = growable;
+  segment->chunk = chunk;
   segment->mapped = growable ? 0 : size;
   segment->serial = next_serial_++;
   segment->source = &source;

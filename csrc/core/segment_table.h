@@ -33,7 +33,7 @@ class SegmentTable {
   // head made by `arena`: mapped whole, or for a growable segment an address range with no page
   // mapped yet (GrowableSegments maps them). Statistics are the caller's.
   Segment* add(Pool& pool, SegmentSource& source, BlockArena& arena, bool small, StreamId stream, std::uintptr_t addr,
-               std::size_t size, bool growable);
+               std::size_t size, std::size_t chunk);
   // Forgets a segment whose memory went back; its head goes back to `arena`.
   void erase(Segment* segment, BlockArena& arena);
   bool overlaps(std::uintptr_t addr, std::size_t size) const;

@@ -9,7 +9,7 @@
 namespace gpumem {
 
 struct Sources {
-  Sources(DeviceState& d, bool growable) : plain(d), growable(d, plain, growable) {}
+  Sources(DeviceState& d, bool growable, std::size_t large_chunk) : plain(d), growable(d, plain, growable, large_chunk) {}
 
   MemorySource& serving(const Pool& pool) {
     return growable.serves(pool) ? static_cast<MemorySource&>(growable) : plain;

@@ -83,16 +83,19 @@ struct Sim {
   DeviceAllocator alloc;
 
   explicit Sim(std::optional<std::size_t> limit = std::nullopt, std::size_t capacity = kDeviceBytes,
-               double release_threshold = 0.0, std::size_t page = 0, bool growable = true)
-      : backend(capacity), alloc(with_pages(backend, page), 0, grow_config(limit, release_threshold, growable)) {}
+               double release_threshold = 0.0, std::size_t page = 0, bool growable = true,
+               std::size_t large_chunk = AllocatorConfig{}.large_chunk)
+      : backend(capacity), alloc(with_pages(backend, page), 0, grow_config(limit, release_threshold, growable, large_chunk)) {}
 
   static SimBackend& with_pages(SimBackend& backend, std::size_t page) {
     if (page > 0) backend.enable_virtual_memory(page);
     return backend;
   }
-  static AllocatorConfig grow_config(std::optional<std::size_t> limit, double release_threshold, bool growable) {
+  static AllocatorConfig grow_config(std::optional<std::size_t> limit, double release_threshold, bool growable,
+                                     std::size_t large_chunk) {
     AllocatorConfig config = config_with(limit, release_threshold);
     config.growable = growable;
+    config.large_chunk = large_chunk;
     return config;
   }
   Block* malloc(std::size_t size, StreamId stream = kStream0) {
@@ -127,8 +130,9 @@ struct Sim {
 
 // The same device with virtual memory (pages of kSimPage): growable segments by default.
 struct VmSim : Sim {
-  explicit VmSim(std::optional<std::size_t> limit = std::nullopt, bool growable = true, double release_threshold = 0.0)
-      : Sim(limit, kDeviceBytes, release_threshold, kSimPage, growable) {}
+  explicit VmSim(std::optional<std::size_t> limit = std::nullopt, bool growable = true, double release_threshold = 0.0,
+                 std::size_t large_chunk = AllocatorConfig{}.large_chunk)
+      : Sim(limit, kDeviceBytes, release_threshold, kSimPage, growable, large_chunk) {}
 };
 
 // The error a call threw; fails the test if it threw none.

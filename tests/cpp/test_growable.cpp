@@ -346,6 +346,77 @@ TEST_CASE("a large growth is mapped in a few chunks, a small one page by page", 
   sim.alloc.check_invariants();
 }
 
+TEST_CASE("each growable segment maps chunks of one size: a request goes to the segment of its chunk", "[growable][chunks]") {
+  VmSim sim;
+  Block* paged = sim.malloc(100 * MiB);  // pages
+  Block* chunked = sim.malloc(1 * GiB);  // chunks of 32 MiB: a segment of its own
+  REQUIRE(paged->segment != chunked->segment);
+  REQUIRE(paged->segment->chunk == kPage);
+  REQUIRE(chunked->segment->chunk == 32 * MiB);
+  for (const auto* segment : {paged->segment, chunked->segment}) {
+    for (const auto& [addr, bytes] : segment->chunks) REQUIRE(bytes == segment->chunk);
+  }
+  sim.free(paged);
+  sim.free(chunked);
+  // Cut from either cached block, a block lies on chunks of one size.
+  Block* again = sim.malloc(1100 * MiB);
+  REQUIRE(again->segment->chunk == 32 * MiB);
+  sim.alloc.check_invariants();
+}
+
+TEST_CASE("a growth maps whole chunks: the rest of the last one stays cached", "[growable][chunks]") {
+  VmSim sim(std::nullopt, true, 0.0, /*large_chunk=*/16 * MiB);
+  Block* a = sim.malloc(5 * MiB);
+  REQUIRE(sim.ledger().allocations == 1);
+  REQUIRE(sim.alloc.reserved() == 16 * MiB);
+  Block* b = sim.malloc(10 * MiB);  // from the 11 MiB cached after a: no new chunk
+  REQUIRE(sim.ledger().allocations == 1);
+  REQUIRE(b->addr == a->addr + 5 * MiB);
+  sim.malloc(126 * MiB);  // joins the 1 MiB left and maps 125 MiB more: 8 chunks of 16 MiB
+  REQUIRE(sim.ledger().allocations == 1 + 8);
+  REQUIRE(sim.alloc.reserved() == 9 * 16 * MiB);
+  sim.alloc.check_invariants();
+}
+
+TEST_CASE("the least chunk of the large pool is a setting, in power-of-two pages", "[growable][chunks]") {
+  VmSim sixteen(std::nullopt, true, 0.0, /*large_chunk=*/16 * MiB);
+  sixteen.malloc(5 * MiB);
+  REQUIRE(sixteen.alloc.reserved() == 16 * MiB);
+  VmSim twenty(std::nullopt, true, 0.0, /*large_chunk=*/20 * MiB);
+  twenty.malloc(5 * MiB);
+  REQUIRE(twenty.alloc.reserved() == 32 * MiB);
+  VmSim small(std::nullopt, true, 0.0, /*large_chunk=*/16 * MiB);
+  for (int i = 0; i < 3; ++i) small.malloc(1 * MiB);  // the small pool maps pages whatever the setting
+  REQUIRE(small.ledger().allocations == 2);
+  REQUIRE(small.alloc.reserved() == 2 * kPage);
+}
+
+TEST_CASE("where the cap has no room for a whole chunk, the request is mapped page by page", "[growable][chunks][cap]") {
+  VmSim sim(20 * MiB, true, 0.0, /*large_chunk=*/16 * MiB);
+  Block* a = sim.malloc(15 * MiB);
+  REQUIRE(sim.alloc.reserved() == 16 * MiB);
+  Block* b = sim.malloc(3 * MiB);  // a second chunk would pass the cap: two pages of their own
+  REQUIRE(sim.alloc.reserved() == 20 * MiB);
+  REQUIRE(b->segment->chunk == kPage);
+  REQUIRE(a->segment->chunk == 16 * MiB);
+  REQUIRE(sim.stats().num_ooms == 0);
+  const Oom oom = oom_from([&] { sim.malloc(4 * MiB); });
+  REQUIRE(oom.info.reserved <= 20 * MiB);
+  sim.free(a);
+  sim.free(b);
+  sim.alloc.check_invariants();
+}
+
+TEST_CASE("where the device has no room for a whole chunk, the request is mapped page by page", "[growable][chunks][fault]") {
+  Sim sim(std::nullopt, 20 * MiB, 0.0, kPage, true, /*large_chunk=*/16 * MiB);
+  sim.malloc(15 * MiB);
+  Block* b = sim.malloc(3 * MiB);
+  REQUIRE(b->segment->chunk == kPage);
+  REQUIRE(sim.alloc.reserved() == 20 * MiB);
+  REQUIRE(sim.stats().num_ooms == 0);
+  sim.alloc.check_invariants();
+}
+
 TEST_CASE("chunks stop at 256 MiB however large the growth", "[growable][chunks]") {
   Sim sim(std::nullopt, 64 * GiB, 0.0, kPage, true);
   sim.malloc(60 * GiB + 2 * MiB);  // 240 chunks of 256 MiB and the last page

@@ -357,13 +357,13 @@ class PropertyRun {
   }
 
   // Cached memory the allocator could give back: an unused plain segment, or a free block of a
-  // growable segment that holds a whole page.
+  // growable segment that holds a whole chunk.
   bool any_releasable() const {
     const std::vector<SegmentInfo> segments = alloc_.snapshot();
     return std::any_of(segments.begin(), segments.end(), [this](const SegmentInfo& s) {
       if (!s.growable) return is_unused(s);
       return std::any_of(s.blocks.begin(), s.blocks.end(), [this](const BlockInfo& b) {
-        return b.state == BlockInfo::kFree && gpumem::round_up(b.addr, config_.page) + config_.page <= b.addr + b.size;
+        return b.state == BlockInfo::kFree && backend_.holds_whole_chunk(0, b.addr, b.size);
       });
     });
   }

@@ -51,7 +51,7 @@ TEST_CASE("history records the pages growable segments map and unmap, as torch's
           "[torch][growable]") {
   SimAdapter sim(1 * GiB, 2, kPage);
   record_history(sim.adapter, true, nullptr, 100, TorchRecordContext::STATE);
-  c10::DataPtr a = sim.adapter.allocate(8 * MiB);
+  c10::DataPtr a = sim.adapter.allocate(16 * MiB);  // one chunk of the large pool
   const std::uintptr_t address = address_of(a);
   a.clear();
   empty_cache(sim.adapter);
@@ -59,24 +59,24 @@ TEST_CASE("history records the pages growable segments map and unmap, as torch's
   REQUIRE(entries.size() == 2);
   REQUIRE(entries[0].action_ == Action::SEGMENT_MAP);
   REQUIRE(entries[0].addr_ == address);
-  REQUIRE(entries[0].size_ == 8 * MiB);
+  REQUIRE(entries[0].size_ == 16 * MiB);
   REQUIRE(entries[1].action_ == Action::SEGMENT_UNMAP);
   REQUIRE(entries[1].addr_ == address);
-  REQUIRE(entries[1].size_ == 8 * MiB);
+  REQUIRE(entries[1].size_ == 16 * MiB);
 }
 
 #if GPUMEM_TORCH_HAS_EXPANDABLE_SEGMENT_SIZES  // getExpandableSegmentSizes: from 2.10 on
 TEST_CASE("expandable segment sizes are the mapped bytes per side stream and pool kind", "[torch][growable]") {
   SimAdapter sim(1 * GiB, 2, kPage);
-  c10::DataPtr on_default_stream = sim.adapter.allocate(8 * MiB);
+  c10::DataPtr on_default_stream = sim.adapter.allocate(16 * MiB);
   sim.context.stream = 7;
-  c10::DataPtr large = sim.adapter.allocate(8 * MiB);
+  c10::DataPtr large = sim.adapter.allocate(16 * MiB);  // one chunk of the large pool
   c10::DataPtr small = sim.adapter.allocate(1000);
   const auto sizes = sim.adapter.getExpandableSegmentSizes(0);
   REQUIRE(sizes.size() == 2);
   for (const auto& size : sizes) {
     REQUIRE(size.stream == reinterpret_cast<cudaStream_t>(7));
-    REQUIRE(size.total_size == (size.is_small_pool ? kPage : 8 * MiB));
+    REQUIRE(size.total_size == (size.is_small_pool ? kPage : 16 * MiB));
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -186,24 +187,63 @@ TEST_CASE("a growable tensor is shared as its chunks' descriptors, kept while th
   REQUIRE(sender.backend.ledger(0).exports == 0);
 }
 
-TEST_CASE("a growable tensor on chunks of several sizes is shared in gpumem's layout and opens", "[torch][ipc]") {
+namespace {
+
+// Widths of a 1B-parameter Llama-like model: the embedding 125 MiB, q/o 8 MiB, gate/up/down 22 MiB,
+// each made in fp32 and cast, as randn(...).to(bfloat16) does.
+std::vector<c10::DataPtr> weights_of(SimAdapter& sender, const std::vector<std::size_t>& sizes) {
+  std::vector<c10::DataPtr> weights;
+  for (const std::size_t size : sizes) {
+    c10::DataPtr fp32 = sender.adapter.allocate(2 * size);
+    weights.push_back(sender.adapter.allocate(size));
+  }
+  return weights;
+}
+
+const std::vector<std::size_t> kWeightSizes{125 * MiB, 8 * MiB, 8 * MiB, 22 * MiB, 22 * MiB, 22 * MiB, 8 * MiB, 22 * MiB};
+
+}  // namespace
+
+TEST_CASE("every growable tensor is sent in torch's layout, which native receivers open", "[torch][ipc]") {
+  SimAdapter sender(4 * GiB, 1, kPage);
+  const std::vector<c10::DataPtr> weights = weights_of(sender, kWeightSizes);
+  for (const c10::DataPtr& w : weights) {
+    const auto shared = sender.adapter.shareIpcHandle(w.get());
+    REQUIRE(shared.handle[1] == 'e');
+    const ipc::Handle h = ipc::decode(shared.handle);
+    REQUIRE(std::all_of(h.bytes.begin(), h.bytes.end(), [&](std::size_t b) { return b == h.bytes.front(); }));
+  }
+}
+
+TEST_CASE("with 16 MiB chunks, a model's weights are each sent as a few chunks", "[torch][ipc]") {
+  SimAdapter sender(4 * GiB, 1, kPage);
+  sender.core_device().set_large_chunk(16 * MiB);
+  const std::vector<c10::DataPtr> weights = weights_of(sender, kWeightSizes);
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    const auto shared = sender.adapter.shareIpcHandle(weights[i].get());
+    REQUIRE(shared.handle[1] == 'e');
+    const ipc::Handle h = ipc::decode(shared.handle);
+    REQUIRE(h.bytes.front() == 16 * MiB);
+    REQUIRE(h.bytes.size() <= (kWeightSizes[i] + 16 * MiB - 1) / (16 * MiB) + 1);
+  }
+}
+
+TEST_CASE("a tensor cut from cached memory of growths of different sizes is sent in torch's layout", "[torch][ipc]") {
   SimAdapter sender(4 * GiB, 1, kPage);
   SimAdapter receiver(4 * GiB, 1, kPage);
-  // 100 MiB maps page-sized chunks, 200 MiB 4 MiB chunks (Note [physical chunks]); freed, they
-  // stay cached, and 300 MiB is cut from both.
+  // 100 MiB maps pages, 2 GiB chunks of 64 MiB (Note [physical chunks]), each in a segment of its
+  // chunk; freed, they stay cached, and 2100 MiB grows the 2 GiB.
   c10::DataPtr small = sender.adapter.allocate(100 * MiB);
-  c10::DataPtr large = sender.adapter.allocate(200 * MiB);
-  const std::size_t reserved = sender.reserved();
+  c10::DataPtr large = sender.adapter.allocate(2 * GiB);
   small.clear();
   large.clear();
-  c10::DataPtr both = sender.adapter.allocate(300 * MiB);
-  REQUIRE(sender.reserved() == reserved);
+  c10::DataPtr both = sender.adapter.allocate(2100 * MiB);
   const auto shared = sender.adapter.shareIpcHandle(both.get());
-  REQUIRE(shared.handle[1] == 'g');
+  REQUIRE(shared.handle[1] == 'e');
   const ipc::Handle h = ipc::decode(shared.handle);
-  REQUIRE(h.bytes.front() != h.bytes.back());
+  REQUIRE(h.bytes.front() == 64 * MiB);
   std::shared_ptr<void> base = receiver.adapter.getIpcDevPtr(shared.handle);
-  REQUIRE(receiver.backend.ledger(0).imported >= 300 * MiB);
+  REQUIRE(receiver.backend.ledger(0).imported >= 2100 * MiB);
 }
 
 TEST_CASE("a receiver the platform forbids to import gets an error saying so, and neither side changes", "[torch][ipc]") {
