@@ -18,7 +18,8 @@ and again after the receiver let them go and the sender ran torch.cuda.ipc_colle
 
 A configuration is a sender and a receiver, each native or gpumem, and a kind of segments for both
 (benchmarks/common.py: gpumem is gpumem.enable()'d, with GPUMEM_SEGMENTS=plain for plain segments;
-native is PyTorch's allocator, with expandable_segments:True for growable). Each runs in two fresh
+native is PyTorch's allocator, with expandable_segments:True for growable). --chunk SIZE runs the
+gpumem sides with GPUMEM_CHUNK=SIZE (the least chunk of growable memory, docs/usage.md). Each runs in two fresh
 processes. One that fails (an exception in either process, or its time running out) is reported as
 failed with the error's last line, and the others still run. The run stays within --budget-s
 seconds: each configuration gets an equal share of what is left (MIN_SHARE_S at least) and runs
@@ -26,7 +27,7 @@ rounds until --rounds are done or its share is spent; once under MIN_SHARE_S sec
 configurations still to run are skipped.
 
     python3 benchmarks/bench_weight_sync.py [--pairs native-native,gpumem-gpumem,native-gpumem,gpumem-native]
-        [--segments growable,plain] [--rounds 20] [--layers 20] [--budget-s 300] [--out FILE]
+        [--segments growable,plain] [--chunk 16MB] [--rounds 20] [--layers 20] [--budget-s 300] [--out FILE]
 
 Prints a Markdown table, one row per configuration, after the JSON record (also written to FILE:
 the machine, as benchmarks/machine.py records it, and one object per configuration). Without a CUDA
@@ -148,7 +149,9 @@ def sender(conn, layers: int) -> dict:
     import torch
     from torch.multiprocessing.reductions import reduce_tensor
 
-    weights = [torch.randn(shape, dtype=torch.bfloat16, device="cuda") for _, shape in weight_shapes(layers)]
+    # Made in fp32 and cast, as a model initialized and then moved to bf16 is: the fp32 tensors,
+    # freed, leave the cache the bf16 ones are cut from.
+    weights = [torch.randn(shape, device="cuda").to(torch.bfloat16) for _, shape in weight_shapes(layers)]
     torch.cuda.synchronize()
     conn.send({"op": "ready"})
     share_s = []
@@ -257,10 +260,19 @@ def failure(sides: dict) -> str | None:
     return (own or ended or [None])[0]
 
 
+def configuration_name(sender_kind: str, receiver_kind: str, segments: str, chunk: str = "") -> str:
+    """A configuration as the table names it: the chunk only where a gpumem side has growable memory."""
+    name = f"{sender_kind}->{receiver_kind} {segments}"
+    if chunk and segments == "growable" and "gpumem" in (sender_kind, receiver_kind):
+        name += f", GPUMEM_CHUNK={chunk}"
+    return name
+
+
 def record(sender_kind: str, receiver_kind: str, segments: str, layers: int, rounds: int, sides: dict,
-           wall_s: float) -> dict:
+           wall_s: float, chunk: str = "") -> dict:
     """One configuration's JSON object, its figures from its own processes only."""
-    out = {"configuration": f"{sender_kind}->{receiver_kind} {segments}", "sender": sender_kind,
+    out = {"configuration": configuration_name(sender_kind, receiver_kind, segments, chunk), "chunk": chunk or None,
+           "sender": sender_kind,
            "receiver": receiver_kind, "segments": segments,
            "sender_allocator": allocator_name(sender_kind, segments),
            "receiver_allocator": allocator_name(receiver_kind, segments),
@@ -280,8 +292,8 @@ def record(sender_kind: str, receiver_kind: str, segments: str, layers: int, rou
             "values_match": got["values_match"], "memory": got["memory"]}
 
 
-def skipped(sender_kind: str, receiver_kind: str, segments: str, why: str) -> dict:
-    return {"configuration": f"{sender_kind}->{receiver_kind} {segments}", "sender": sender_kind,
+def skipped(sender_kind: str, receiver_kind: str, segments: str, why: str, chunk: str = "") -> dict:
+    return {"configuration": configuration_name(sender_kind, receiver_kind, segments, chunk), "sender": sender_kind,
             "receiver": receiver_kind, "segments": segments, "status": "skipped", "error": why}
 
 
@@ -302,12 +314,15 @@ def run_configuration(sender_kind: str, receiver_kind: str, segments: str, args,
     sides = {role: side_outcome(role, process.returncode, logs) for role, process in processes.items()}
     for role in timed_out:
         sides[role] = {"exit": None, "result": None, "stderr_tail": f"still running at its limit of {limit_s:.0f} s"}
-    return record(sender_kind, receiver_kind, segments, args.layers, args.rounds, sides, time.monotonic() - began)
+    return record(sender_kind, receiver_kind, segments, args.layers, args.rounds, sides, time.monotonic() - began,
+                  args.chunk)
 
 
 def start_side(role: str, kind: str, segments: str, end: socket.socket, args, deadline: float, logs: str):
     """One side's process, its output in files under `logs` (a pipe left unread could stall it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMEM_") and k != "PYTORCH_CUDA_ALLOC_CONF"}
+    if kind == "gpumem" and args.chunk:
+        env["GPUMEM_CHUNK"] = args.chunk
     command = [sys.executable, HERE, "--role", role, "--allocator", allocator_name(kind, segments),
                "--fd", str(end.fileno()), "--layers", str(args.layers), "--rounds", str(args.rounds),
                "--deadline", repr(deadline)]
@@ -405,6 +420,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", default=",".join(PAIRS), help=f"sender-receiver pairs (default {','.join(PAIRS)})")
     parser.add_argument("--segments", default=",".join(SEGMENTS), help="growable, plain or both (default both)")
+    parser.add_argument("--chunk", default="", help="GPUMEM_CHUNK for the gpumem sides (default: unset)")
     parser.add_argument("--rounds", type=int, default=20, help="rounds per configuration (default 20)")
     parser.add_argument("--layers", type=int, default=20, help="model layers (default 20: 1.01e9 parameters)")
     parser.add_argument("--budget-s", type=float, default=300, help="seconds for the whole run (default 300)")
@@ -420,6 +436,13 @@ def main() -> int:
         return peer_main(args)
     pairs = [tuple(p.split("-")) for p in names(args.pairs, PAIRS, "--pairs", parser)]
     segments = names(args.segments, SEGMENTS, "--segments", parser)
+    if args.chunk:
+        from gpumem.settings.chunk import chunk_bytes  # here: a side must choose its allocator before torch loads
+
+        try:
+            chunk_bytes(args.chunk)
+        except ValueError as error:
+            parser.error(f"--chunk: {error}")
     info = machine()
     if info["gpu"] == "no CUDA device":
         print("bench_weight_sync: no CUDA GPU here; nothing measured")
@@ -432,12 +455,13 @@ def main() -> int:
             left = args.budget_s - (time.monotonic() - started)
             share = max(left / (len(configurations) - index), MIN_SHARE_S)
             if left < MIN_SHARE_S:
-                records.append(skipped(s, r, seg, f"the time budget is spent ({left:.0f} s left)"))
+                records.append(skipped(s, r, seg, f"the time budget is spent ({left:.0f} s left)", args.chunk))
                 continue
             log(f"{s} -> {r}, {seg} segments: {args.rounds} rounds within {share:.0f} s")
             records.append(run_configuration(s, r, seg, args, share, min(left, share + OVERRUN_S), logs))
             log(f"  {records[-1]['status']}" + (f": {records[-1]['error']}" if records[-1]["error"] else ""))
-    write_json(args.out, {"machine": info, "budget_s": args.budget_s, "seconds": time.monotonic() - started,
+    write_json(args.out, {"machine": info, "budget_s": args.budget_s, "chunk": args.chunk or None,
+                          "seconds": time.monotonic() - started,
                           "configurations": records})
     print()
     print(table(records))

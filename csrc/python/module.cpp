@@ -448,12 +448,14 @@ void bind_process_allocator(py::module_& m) {
   using Release = py::call_guard<py::gil_scoped_release>;
   auto core = []() -> CachingAllocator& { return process_allocator().core(); };
   m.def("install", [](std::optional<std::string> limits, std::optional<bool> growable,
-                       std::optional<std::string> scope) {
-    install(StartupSettings{std::move(limits), growable, scope ? std::optional(scope_of(*scope)) : std::nullopt});
+                       std::optional<std::string> scope, std::optional<std::size_t> chunk) {
+    if (chunk) check_large_chunk(*chunk);
+    install(StartupSettings{std::move(limits), growable, scope ? std::optional(scope_of(*scope)) : std::nullopt, chunk});
   }, py::arg("limits") = py::none(), py::arg("growable") = py::none(), py::arg("scope") = py::none(),
-        "Makes gpumem torch's CUDA allocator, touching no CUDA; GPUMEM_LIMIT's text, GPUMEM_SEGMENTS's kind and "
-        "GPUMEM_SCOPE's scope apply when the devices are first used. RuntimeError if torch's own allocator "
-        "already served memory.");
+        py::arg("chunk") = py::none(),
+        "Makes gpumem torch's CUDA allocator, touching no CUDA; GPUMEM_LIMIT's text, GPUMEM_SEGMENTS's kind, "
+        "GPUMEM_SCOPE's scope and GPUMEM_CHUNK's bytes apply when the devices are first used. RuntimeError if "
+        "torch's own allocator already served memory.");
   m.def("is_installed", &is_installed);
   m.def("device_count", [core] { return core().device_count(); });
   m.def("set_limit", [core](int device, const std::string& spec) { core().device(device).set_limit(std::string_view(spec)); },
@@ -477,6 +479,10 @@ void bind_process_allocator(py::module_& m) {
         py::arg("device"), py::arg("on"), "Growable segments for new memory, or plain ones.");
   m.def("get_growable", [core](int device) { return core().device(device).settings().growable; }, py::arg("device"),
         "Whether growable segments are in effect: asked for, and the device can map pages.");
+  m.def("set_large_chunk", [core](int device, std::size_t bytes) { core().device(device).set_large_chunk(bytes); },
+        py::arg("device"), py::arg("bytes"), "The least chunk the large pool's new growable memory is mapped in.");
+  m.def("get_large_chunk", [core](int device) { return core().device(device).settings().chunk; }, py::arg("device"),
+        "The chunk the large pool's requests under 32 of them are mapped in; 0 where pages cannot be mapped.");
   m.def("growable_supported", [core](int device) { return core().device(device).page_size() > 0; },
         py::arg("device"), "Whether the device can map pages (CUDA virtual memory management).");
   m.def("page_size", [core](int device) { return core().device(device).page_size(); }, py::arg("device"),
@@ -569,6 +575,9 @@ void bind_sim_allocator(py::module_& m) {
       .def("set_growable", [](SimAllocator& s, int device, bool on) { s.device(device).set_growable(on); },
            py::arg("device"), py::arg("on"))
       .def("growable", [](SimAllocator& s, int device) { return s.device(device).settings().growable; }, py::arg("device"))
+      .def("set_large_chunk", [](SimAllocator& s, int device, std::size_t bytes) { s.device(device).set_large_chunk(bytes); },
+           py::arg("device"), py::arg("bytes"))
+      .def("large_chunk", [](SimAllocator& s, int device) { return s.device(device).settings().chunk; }, py::arg("device"))
       .def("stats", [](SimAllocator& s, int device) { return stats_dict(stats_of(s.core(), device)); }, py::arg("device"))
       .def("empty_cache", [](SimAllocator& s, int device) { s.device(device).empty_cache(); }, py::arg("device"))
       .def("reset_peak_stats", [](SimAllocator& s, int device) { s.device(device).reset_peak_stats(); }, py::arg("device"))

@@ -140,6 +140,7 @@ void apply_startup(TorchAllocator& adapter, const StartupSettings& settings, con
     if (torch.growable) config.growable = *torch.growable;
     if (settings.growable) config.growable = *settings.growable;
     if (settings.scope) config.scope = *settings.scope;
+    if (settings.chunk) config.large_chunk = *settings.chunk;
     if (torch.release_threshold) config.release_threshold = *torch.release_threshold;
     configs.push_back(config);
   }

@@ -11,7 +11,7 @@
 //      _set_allocator_settings before CUDA starts): per_process_memory_fraction caps, as native;
 //      expandable_segments picks growable or plain segments where the settings name it;
 //      garbage_collection_threshold becomes the release threshold;
-//   2. gpumem's environment: GPUMEM_LIMIT, GPUMEM_SEGMENTS, GPUMEM_SCOPE;
+//   2. gpumem's environment: GPUMEM_LIMIT, GPUMEM_SEGMENTS, GPUMEM_SCOPE, GPUMEM_CHUNK;
 //   3. gpumem's own calls (set_limit, set_segments, set_release_threshold) and
 //      torch.cuda.set_per_process_memory_fraction, made at any time: the last call holds.
 //   Two caps from 1 and 2 both hold: the lower one applies. The settings torch has and gpumem has
@@ -36,6 +36,7 @@ struct StartupSettings {
   std::optional<std::string> limits;  // GPUMEM_LIMIT's text; its syntax was checked at install
   std::optional<bool> growable;       // GPUMEM_SEGMENTS
   std::optional<LimitScope> scope;    // GPUMEM_SCOPE
+  std::optional<std::size_t> chunk;   // GPUMEM_CHUNK: AllocatorConfig::large_chunk
 };
 
 // What torch's allocator settings ask of gpumem.

@@ -19,7 +19,7 @@ import torch
 import gpumem._C as _C
 from gpumem import _torch_hooks, sharing
 from gpumem.monitoring import startup
-from gpumem.settings import devices as _devices, environment, floors, limits as _limits, scope as _scope, segments
+from gpumem.settings import chunk as _chunk, devices as _devices, environment, floors, limits as _limits, scope as _scope, segments
 from gpumem.settings.devices import Device
 from gpumem.settings.echo import shown
 from gpumem.settings.limits import Limit
@@ -86,7 +86,7 @@ def get_limit(device: Device = None) -> int:
     return _C.get_limit(_devices.index(device))
 
 
-def set_segments(kind: str, device: Device = None) -> None:
+def set_segments(kind: str, device: Device = None, chunk: Optional[int | str] = None) -> None:
     """Where new memory comes from, on every visible device or on `device`.
 
     "growable" (the default where the driver supports CUDA virtual memory management): segments
@@ -94,16 +94,32 @@ def set_segments(kind: str, device: Device = None) -> None:
     freed in one place can serve a larger request elsewhere. "plain": one cudaMalloc per
     segment. Memory already reserved stays as it is; the kind applies to new memory. A device
     that cannot map pages keeps plain segments, with a warning. The first call installs gpumem
-    as PyTorch's CUDA allocator (GPUMEM_LIMIT and GPUMEM_SEGMENTS apply first, then this kind).
-    A bad kind raises and changes nothing.
+    as PyTorch's CUDA allocator (GPUMEM_LIMIT, GPUMEM_SEGMENTS and GPUMEM_CHUNK apply first, then
+    this kind).
+
+    `chunk` ("16MB", a byte count; GPUMEM_CHUNK's forms) sets the least chunk growable segments
+    map large requests in (gpumem.settings.chunk): pages (0, the default) fit a tight cap best;
+    16MB makes tensors sent to other processes open as fast as PyTorch's. A bad kind or chunk
+    raises and changes nothing.
     """
     growable = segments.growable(kind)
+    chunk_bytes = None if chunk is None else _chunk.chunk_bytes(chunk)
     with _lock:
         _refuse_if_torch_allocator_in_use()
         devices = _devices.targets(device)
         _enable_locked()
         _apply_segments(devices, growable)
+        if chunk_bytes is not None:
+            for index in devices:
+                _C.set_large_chunk(index, chunk_bytes)
         _torch_hooks.fixed["segments"] = True
+
+
+def get_chunk(device: Device = None) -> int:
+    """The bytes of the chunks growable segments map large requests in on `device` (the current
+    device for None): set_segments' `chunk` or GPUMEM_CHUNK as the least power-of-two number of
+    pages at least that, a page by default; 0 where the device cannot map pages."""
+    return _C.get_large_chunk(_devices.index(device))
 
 
 def get_segments(device: Device = None) -> str:
@@ -184,7 +200,7 @@ def _enable_locked() -> None:
     text, growable, view = environment.limit_text(), environment.segments(), environment.mem_info_view()
     warn_at, metrics_port, publish_dir = environment.warn_at(), environment.metrics_port(), environment.publish_dir()
     metrics_addr, share = environment.metrics_addr(), environment.sharing_asked()
-    _C.install(text, growable, environment.scope())
+    _C.install(text, growable, environment.scope(), environment.chunk())
     _torch_hooks.install()
     if growable is not None:
         _torch_hooks.fixed["segments"] = True

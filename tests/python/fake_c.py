@@ -35,7 +35,7 @@ class FakeC:
         self.install_args: list[tuple] = []
         self.device_count_calls = 0
         self.settings_changes: list[tuple] = []
-        self._pending = None  # (GPUMEM_LIMIT text, growable, scope) until a device is first used
+        self._pending = None  # (GPUMEM_LIMIT text, growable, scope, chunk) until a device is first used
         self.install_scope = None
         self.release_thresholds = [0.0] * len(totals)
         self.peak_resets: list[int] = []
@@ -57,10 +57,10 @@ class FakeC:
 
     # ---- the _C interface -----------------------------------------------------------------------
 
-    def install(self, limits=None, growable=None, scope=None) -> None:
+    def install(self, limits=None, growable=None, scope=None, chunk=None) -> None:
         # As the compiled layer: settings are kept, and applied when a device is first used.
         if not self.installed:
-            self._pending = (limits, growable, scope)
+            self._pending = (limits, growable, scope, chunk)
             self.install_args.append((limits, growable))
             self.install_scope = scope
         self.installed = True
@@ -123,6 +123,12 @@ class FakeC:
 
     def get_growable(self, device: int) -> bool:
         return self._sim(device).growable(0)
+
+    def set_large_chunk(self, device: int, nbytes: int) -> None:
+        self._sim(device).set_large_chunk(0, nbytes)
+
+    def get_large_chunk(self, device: int) -> int:
+        return self._sim(device).large_chunk(0)
 
     def growable_supported(self, device: int) -> bool:
         self._sim(device)
@@ -190,7 +196,7 @@ class FakeC:
         raises, nothing changed and it runs again at the next use."""
         if self._pending is None:
             return
-        text, growable, scope = self._pending
+        text, growable, scope, chunk = self._pending
         limits = self.resolve_limit_text(text, self.totals) if text is not None else [None] * len(self.sims)
         self._pending = None
         for sim, nbytes in zip(self.sims, limits):
@@ -200,6 +206,8 @@ class FakeC:
                 sim.set_growable(0, growable)
             if scope is not None:
                 sim.set_scope(0, scope)
+            if chunk is not None:
+                sim.set_large_chunk(0, chunk)
 
 
 def use_fake_c(monkeypatch, fake: FakeC) -> None:
@@ -212,6 +220,7 @@ def use_fake_c(monkeypatch, fake: FakeC) -> None:
     monkeypatch.delenv("GPUMEM_LIMIT", raising=False)
     monkeypatch.delenv("GPUMEM_SEGMENTS", raising=False)
     monkeypatch.delenv("GPUMEM_SCOPE", raising=False)
+    monkeypatch.delenv("GPUMEM_CHUNK", raising=False)
     monkeypatch.delenv("GPUMEM_MEM_INFO", raising=False)
     # What installing wraps in torch is put back after the test, and wrapped afresh in the next.
     from gpumem import _torch_hooks

@@ -318,7 +318,7 @@ def test_the_stop_line_shows_a_hostile_value_escaped_and_cut(devices, stopped, v
     assert "\x1b" not in line and len(line) < 2000
 
 
-SETTINGS_OF_WORDS = ["GPUMEM_SEGMENTS", "GPUMEM_SCOPE", "GPUMEM_MEM_INFO", "GPUMEM_WARN_AT", "GPUMEM_METRICS_PORT",
+SETTINGS_OF_WORDS = ["GPUMEM_SEGMENTS", "GPUMEM_CHUNK", "GPUMEM_SCOPE", "GPUMEM_MEM_INFO", "GPUMEM_WARN_AT", "GPUMEM_METRICS_PORT",
                      "GPUMEM_PUBLISH", "GPUMEM_METRICS_ADDR"]
 
 

@@ -2,6 +2,7 @@
 
     GPUMEM_LIMIT     the limits: "4GB" for every device, or per device "0:4GB,1:8GB"
     GPUMEM_SEGMENTS  the segment kind on every device: "growable" or "plain"
+    GPUMEM_CHUNK     the least chunk growable segments map for large requests: "16MB" (default: pages)
     GPUMEM_SCOPE     what the limits bound on every device: "allocator" (the default) or "process"
     GPUMEM_MEM_INFO  what torch.cuda.mem_get_info reports: "capped" (the default) or "device"
     GPUMEM_WARN_AT   a warning each time reserved passes this share of the limit (gpumem.pressure)
@@ -22,14 +23,15 @@ import os
 from typing import Mapping, Optional, Sequence
 
 import gpumem._C as _C
-from gpumem.settings import (floors, limits, mem_info, metrics_endpoint, pressure_share, scope as _scope,
-                             segments as _segments)
+from gpumem.settings import (chunk as _chunk, floors, limits, mem_info, metrics_endpoint, pressure_share,
+                             scope as _scope, segments as _segments)
 from gpumem.settings.echo import bounded, shown
 from gpumem.settings.run_dir import RunDir, default_run_dir
 from gpumem.settings.words import not_utf8
 
 VARIABLE = "GPUMEM_LIMIT"
 SEGMENTS_VARIABLE = "GPUMEM_SEGMENTS"
+CHUNK_VARIABLE = "GPUMEM_CHUNK"
 SCOPE_VARIABLE = "GPUMEM_SCOPE"
 MEM_INFO_VARIABLE = "GPUMEM_MEM_INFO"
 WARN_AT_VARIABLE = "GPUMEM_WARN_AT"
@@ -81,6 +83,12 @@ def segments(environ: Mapping[str, str] = os.environ) -> Optional[bool]:
     """Whether GPUMEM_SEGMENTS asks for growable segments; None when it is unset. A bad value
     raises SettingError naming the variable, its value and the accepted forms."""
     return _setting(environ, SEGMENTS_VARIABLE, _segments.growable, _segments.FORMS)
+
+
+def chunk(environ: Mapping[str, str] = os.environ) -> Optional[int]:
+    """GPUMEM_CHUNK's bytes (gpumem.settings.chunk); None when it is unset. A bad value raises
+    SettingError as segments() does."""
+    return _setting(environ, CHUNK_VARIABLE, _chunk.chunk_bytes, _chunk.FORMS)
 
 
 def scope(environ: Mapping[str, str] = os.environ) -> Optional[str]:
@@ -182,6 +190,7 @@ def _setting(environ: Mapping[str, str], variable: str, parse, forms: str, any_b
 # one and `gpumem info` reports it, from this one list. publish_dir reads GPUMEM_RUN_DIR as well.
 SETTINGS = (
     (SEGMENTS_VARIABLE, segments),
+    (CHUNK_VARIABLE, chunk),
     (SCOPE_VARIABLE, scope),
     (MEM_INFO_VARIABLE, mem_info_view),
     (WARN_AT_VARIABLE, warn_at),
