@@ -126,8 +126,16 @@ def last_started(events: list[dict]) -> str | None:
 
 # ---- running --------------------------------------------------------------------------------------
 
-def mode_env(mode: str, limit: str) -> dict[str, str]:
+def mode_env(mode: str, limit: str, segments: str = "") -> dict[str, str]:
+    """The environment of `mode`'s runs; `segments` ("growable" or "plain"), where given, picks the
+    segment kind of both: expandable_segments natively, GPUMEM_SEGMENTS under gpumem."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMEM_")}
+    if segments:
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        if mode == "native" and segments == "growable":
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        if mode == "gpumem":
+            env["GPUMEM_SEGMENTS"] = segments
     if mode == "gpumem":
         env["GPUMEM_LIMIT"] = limit
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TOOLS), env.get("PYTHONPATH")]))
@@ -193,7 +201,7 @@ def run_mode(tests, rel, selected, mode, out, args, deadline, worker: str = "") 
     time, logging to `mode``worker`.jsonl; True when none is left."""
     name = f"{mode}{worker}"
     log = out / f"{name}.jsonl"
-    env = mode_env(mode, args.limit) | {"TORCH_TESTS_LOG": str(log), "TORCH_TESTS_ONLY": str(out / f"{name}.todo")}
+    env = mode_env(mode, args.limit, args.segments) | {"TORCH_TESTS_LOG": str(log), "TORCH_TESTS_ONLY": str(out / f"{name}.todo")}
     path = tests / rel
     while True:
         done = mode_outcomes(out, mode)
@@ -464,6 +472,9 @@ def main(argv: list[str]) -> int:
     r.add_argument("-k", help="pytest's -k expression over the file's tests")
     r.add_argument("--shard", type=shard_arg, default=(1, 1))
     r.add_argument("--modes", type=modes_arg, default=list(MODES))
+    r.add_argument("--segments", choices=("growable", "plain"), default="",
+                   help="the segment kind of both modes (expandable_segments natively, GPUMEM_SEGMENTS under gpumem); "
+                        "default: each one's own")
     r.add_argument("--limit", default="90%", help="GPUMEM_LIMIT for the gpumem runs (a share of the device by default: a size above the device is refused)")
     r.add_argument("--budget", type=float, default=480, help="seconds before it stops (to be run again)")
     r.add_argument("--test-timeout", type=float, default=300, help="seconds without progress before a test is killed")

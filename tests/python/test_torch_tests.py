@@ -206,3 +206,18 @@ def test_a_process_killed_at_the_budget_after_its_last_test_leaves_the_run_compl
     done = runner("run", str(tests), str(out), "--modes", "native", "--budget", "60")
     assert "test_linger.py native: 1/1 run, 1 passed" in done.stdout, done.stdout + done.stderr
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_segments_picks_the_kind_of_both_modes(monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("torch_tests_runner", RUNNER)
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.setenv("GPUMEM_SEGMENTS", "plain")
+    assert "GPUMEM_SEGMENTS" not in runner.mode_env("gpumem", "90%")  # no --segments: each mode's own
+    native, gpumem = runner.mode_env("native", "90%", "plain"), runner.mode_env("gpumem", "90%", "plain")
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in native and gpumem["GPUMEM_SEGMENTS"] == "plain"
+    native = runner.mode_env("native", "90%", "growable")
+    assert native["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True" and "GPUMEM_SEGMENTS" not in native
