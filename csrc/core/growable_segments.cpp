@@ -239,19 +239,22 @@ bool GrowableSegments::holds_free_page(const Block* block) const {
 // Design note [physical chunks]. Each Backend::map call is one physical allocation, and memory
 // goes back only as whole allocations (a CUDA mapping is unmapped whole). Page-sized allocations
 // let any free page go back, but cost a driver call each way per page: on an H200, mapping 60 GiB
-// as 2 MiB pages took 2.1 s and unmapping it 1.3 s, against 0.05 s each in 64 MiB pieces. A
-// chunk is also what another process imports, one driver call each, when a tensor on it is sent
-// (torch/ipc.cpp): a model's weights grown as 2 MiB pages took a receiver 2.6 times native's time
-// to open (native maps its large pool in 20 MiB pages). So the large pool's growths are mapped in
-// chunks of at least AllocatorConfig::large_chunk (16 MiB), rounded up to whole chunks, the rest
-// of the last one cached: where the cap or the device has no room for that rounding, the growth
-// maps just the pages it needs, so a job that fits under a cap to the page still fits. A chunk is
-// a power-of-two number of pages: the least one that is at least large_chunk, or, for a growth
-// of more than 32 of those, the largest within 1/kChunksPerGrowth of the growth and kMaxChunk: a
-// 1 GiB growth maps 32 chunks of 32 MiB, a 60 GiB one 240 of 256 MiB. The small pool (blocks up
-// to 1 MiB) maps page by page. A free block gives back the chunks wholly inside it; a chunk part
-// of which is in use stays mapped (cached), so a live block holds at most two chunks partly. The
-// chunk table is the segment's (Segment::chunks); Segment::mapped is its sum.
+// as 2 MiB pages took 2.1 s and unmapping it 1.3 s, against 0.05 s each in 64 MiB pieces. So a
+// request of the large pool is mapped in chunks of a power-of-two number of pages, the largest not
+// above 1/kChunksPerGrowth of it and kMaxChunk: under 64 pages a page, a 1 GiB request 32 MiB, a
+// 60 GiB one 256 MiB (240 calls). The small pool maps pages.
+//
+// A chunk is also what another process imports, one driver call each, when a tensor on it is sent
+// (torch/ipc.cpp), and torch's own allocator opens only chunks of one size. So each segment maps
+// chunks of one size (Segment::chunk), a request grows the segment of its chunk, and a growth maps
+// whole chunks, the rest of the last one cached: no block lies on chunks of two sizes. Where the
+// cap or the device refuses whole chunks, the request grows the segment of pages (grow()), so a
+// job that fits under a cap to the page still fits. AllocatorConfig::large_chunk raises the large
+// pool's least chunk (GPUMEM_CHUNK): a model's weights grown in 2 MiB pages took a receiver 2.3
+// times native's time to open (native maps its large pool in 20 MiB pages), in 16 MiB chunks less
+// than native's; the price is a coarser cap, since a chunk part of which is in use stays mapped
+// (cached), so a live block holds at most two chunks partly. The chunk table is the segment's
+// (Segment::chunks); Segment::mapped is its sum.
 std::size_t GrowableSegments::chunk_for(bool small, std::size_t bytes) const {
   std::size_t chunk = page_size_;
   if (small) return chunk;
