@@ -46,7 +46,7 @@ struct AllocatorConfig {
   bool growable = true;
   // The least chunk the large pool's growable segments map (Note [physical chunks] in
   // core/growable_segments.cpp): the least power-of-two number of pages at least this. 0, or a
-  // page, maps requests under 64 pages page by page.
+  // page, maps requests under 256 pages page by page.
   std::size_t large_chunk = 0;
   LimitScope scope = LimitScope::kAllocator;
 };

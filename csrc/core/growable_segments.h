@@ -65,7 +65,7 @@ class GrowableSegments final : public MemorySource {
   Block* grow_in_chunks(Request& r, std::size_t chunk, bool& no_range);
   Growth choose_unmapped(const Request& r, std::size_t chunk) const;
   bool recycle_before_high_mark(const Growth& growth, StreamId stream, std::size_t fresh);
-  static constexpr std::size_t kChunksPerGrowth = 32;  // Note [physical chunks]
+  static constexpr std::size_t kChunksPerGrowth = 128;  // Note [physical chunks]
   std::size_t chunk_for(bool small, std::size_t bytes) const;
   bool map_chunks(Segment& segment, std::uintptr_t addr, std::size_t bytes);
   std::pair<std::uintptr_t, std::uintptr_t> chunks_inside(const Block* block) const;

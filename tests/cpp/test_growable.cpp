@@ -335,24 +335,24 @@ TEST_CASE("free memory that shares a page with a live block stays mapped", "[gro
 
 TEST_CASE("a large growth is mapped in a few chunks, a small one page by page", "[growable][chunks]") {
   VmSim sim;
-  sim.malloc(1 * GiB);  // chunks of 32 MiB: the largest power-of-two pages within 1/32 of it
+  sim.malloc(1 * GiB);  // chunks of 8 MiB: the largest power-of-two pages within 1/128 of it
   REQUIRE(sim.ledger().maps == 1);
-  REQUIRE(sim.ledger().allocations == 32);
-  sim.malloc(126 * MiB);  // 63 pages: under 64, so a page each
+  REQUIRE(sim.ledger().allocations == 128);
+  sim.malloc(510 * MiB);  // 255 pages: under 256, so a page each
   REQUIRE(sim.ledger().maps == 2);
-  REQUIRE(sim.ledger().allocations == 32 + 63);
-  sim.malloc(4 * GiB);  // chunks of 128 MiB
-  REQUIRE(sim.ledger().allocations == 32 + 63 + 32);
+  REQUIRE(sim.ledger().allocations == 128 + 255);
+  sim.malloc(4 * GiB);  // chunks of 32 MiB
+  REQUIRE(sim.ledger().allocations == 128 + 255 + 128);
   sim.alloc.check_invariants();
 }
 
 TEST_CASE("each growable segment maps chunks of one size: a request goes to the segment of its chunk", "[growable][chunks]") {
   VmSim sim;
   Block* paged = sim.malloc(100 * MiB);  // pages
-  Block* chunked = sim.malloc(1 * GiB);  // chunks of 32 MiB: a segment of its own
+  Block* chunked = sim.malloc(1 * GiB);  // chunks of 8 MiB: a segment of its own
   REQUIRE(paged->segment != chunked->segment);
   REQUIRE(paged->segment->chunk == kPage);
-  REQUIRE(chunked->segment->chunk == 32 * MiB);
+  REQUIRE(chunked->segment->chunk == 8 * MiB);
   for (const auto* segment : {paged->segment, chunked->segment}) {
     for (const auto& [addr, bytes] : segment->chunks) REQUIRE(bytes == segment->chunk);
   }
@@ -360,7 +360,7 @@ TEST_CASE("each growable segment maps chunks of one size: a request goes to the 
   sim.free(chunked);
   // Cut from either cached block, a block lies on chunks of one size.
   Block* again = sim.malloc(1100 * MiB);
-  REQUIRE(again->segment->chunk == 32 * MiB);
+  REQUIRE(again->segment->chunk == 8 * MiB);
   sim.alloc.check_invariants();
 }
 
@@ -419,7 +419,7 @@ TEST_CASE("where the device has no room for a whole chunk, the request is mapped
 
 TEST_CASE("chunks stop at 256 MiB however large the growth", "[growable][chunks]") {
   Sim sim(std::nullopt, 64 * GiB, 0.0, kPage, true);
-  sim.malloc(60 * GiB + 2 * MiB);  // 240 chunks of 256 MiB and the last page
+  sim.malloc(60 * GiB + 2 * MiB);  // 241 chunks of 256 MiB: whole chunks, the rest of the last cached
   REQUIRE(sim.ledger().maps == 1);
   REQUIRE(sim.ledger().allocations == 241);
   sim.alloc.check_invariants();
@@ -427,13 +427,13 @@ TEST_CASE("chunks stop at 256 MiB however large the growth", "[growable][chunks]
 
 TEST_CASE("a chunk that a live block shares stays mapped, the free chunks around it go", "[growable][chunks][release]") {
   VmSim sim;
-  sim.free(sim.malloc(1 * GiB));
-  Block* live = sim.malloc(10 * MiB);  // from the cached 1 GiB, at its start: inside the first chunk
+  sim.free(sim.malloc(4 * GiB));
+  Block* live = sim.malloc(10 * MiB);  // from the cached 4 GiB, at its start: inside the first chunk
   sim.alloc.empty_cache();
   sim.alloc.check_invariants();
   REQUIRE(sim.alloc.reserved() == 32 * MiB);  // the first chunk, not the 10 MiB's 5 pages
   REQUIRE(sim.ledger().mapped == 32 * MiB);
-  REQUIRE(sim.ledger().unmaps == 1);  // the 31 free chunks after it, in one call
+  REQUIRE(sim.ledger().unmaps == 1);  // the 127 free chunks after it, in one call
   REQUIRE(sim.mapped(live->addr + 31 * MiB));
   sim.free(live);
   sim.alloc.empty_cache();
@@ -445,7 +445,7 @@ TEST_CASE("a chunk that a live block shares stays mapped, the free chunks around
 TEST_CASE("a growth joined to a free block maps its own chunks; giving back takes only whole ones", "[growable][chunks][release]") {
   VmSim sim;
   Block* a = sim.malloc(100 * MiB);  // 50 pages, a page each
-  Block* b = sim.malloc(2 * GiB);    // 64 MiB chunks
+  Block* b = sim.malloc(2 * GiB);    // 16 MiB chunks
   sim.free(a);
   Block* c = sim.malloc(40 * MiB);   // the first 20 pages of a's block
   sim.alloc.empty_cache();           // the 30 free pages after c go; b's chunks are live

@@ -231,7 +231,7 @@ TEST_CASE("with 16 MiB chunks, a model's weights are each sent as a few chunks",
 TEST_CASE("a tensor cut from cached memory of growths of different sizes is sent in torch's layout", "[torch][ipc]") {
   SimAdapter sender(4 * GiB, 1, kPage);
   SimAdapter receiver(4 * GiB, 1, kPage);
-  // 100 MiB maps pages, 2 GiB chunks of 64 MiB (Note [physical chunks]), each in a segment of its
+  // 100 MiB maps pages, 2 GiB chunks of 16 MiB (Note [physical chunks]), each in a segment of its
   // chunk; freed, they stay cached, and 2100 MiB grows the 2 GiB.
   c10::DataPtr small = sender.adapter.allocate(100 * MiB);
   c10::DataPtr large = sender.adapter.allocate(2 * GiB);
@@ -241,7 +241,7 @@ TEST_CASE("a tensor cut from cached memory of growths of different sizes is sent
   const auto shared = sender.adapter.shareIpcHandle(both.get());
   REQUIRE(shared.handle[1] == 'e');
   const ipc::Handle h = ipc::decode(shared.handle);
-  REQUIRE(h.bytes.front() == 64 * MiB);
+  REQUIRE(h.bytes.front() == 16 * MiB);
   std::shared_ptr<void> base = receiver.adapter.getIpcDevPtr(shared.handle);
   REQUIRE(receiver.backend.ledger(0).imported >= 2100 * MiB);
 }
