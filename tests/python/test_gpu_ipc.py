@@ -5,7 +5,7 @@ direction between a native process and a gpumem process, with growable and plain
 Each process is started as users start it (ipc_peer.environment): a gpumem process with GPUMEM_LIMIT
 and GPUMEM_SEGMENTS, a native one with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for
 "growable" and PyTorch's default for "plain". Each side runs ipc_peer.py; a failure shows what both
-printed on stderr. Every exchange ends within TIMEOUT seconds, and together they hold under 2 GiB.
+printed on stderr. Every exchange ends within TIMEOUT seconds, and together they hold under 3 GiB.
 """
 from __future__ import annotations
 
@@ -84,11 +84,11 @@ def finish(*peers: Peer) -> list[dict]:
 
 
 def exchange(role: str, sender: str, receiver: str, segments: str, logs: Path, prefix: tuple[str, ...] = (),
-             receiver_env: dict | None = None) -> dict:
+             receiver_env: dict | None = None, sender_env: dict | None = None) -> dict:
     """ipc_peer.py's `role`-send and `role`-receive in two processes joined by a socket pair."""
     ends = socket.socketpair()
     try:
-        peers = (Peer("sender", logs, sender, segments, f"{role}-send", end=ends[0]),
+        peers = (Peer("sender", logs, sender, segments, f"{role}-send", end=ends[0], env=sender_env),
                  Peer("receiver", logs, receiver, segments, f"{role}-receive", end=ends[1], prefix=prefix,
                       env=receiver_env))
     finally:
@@ -133,6 +133,13 @@ def test_the_receiver_rebuilds_every_tensor_with_the_senders_shape_strides_offse
 def test_the_receiver_reads_the_senders_values(weight_sync):
     (_, kept), _ = rounds(weight_sync)
     assert kept["values_differ"] == []
+
+
+@pytest.mark.parametrize("receiver", KINDS)
+def test_a_sender_with_16_mb_chunks_sends_what_every_receiver_reads(receiver, tmp_path):
+    result = exchange("weights", "gpumem", receiver, "growable", tmp_path, sender_env={"GPUMEM_CHUNK": "16MB"})
+    for _, received in zip(result["sender"]["rounds"], result["receiver"]["rounds"]):
+        assert received["values_differ"] == [] and received["layout_differs"] == []
 
 
 def test_the_receiver_reads_the_senders_values_after_the_sender_dropped_them_and_allocated_over(weight_sync):
