@@ -109,3 +109,16 @@ def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "no CUDA GPU here; nothing measured" in done.stdout
     assert not (tmp_path / "out.json").exists()
+
+
+def test_the_chunk_names_a_configuration_only_where_a_gpumem_side_has_growable_memory():
+    assert bench.configuration_name("gpumem", "native", "growable", "16MB") == "gpumem->native growable, GPUMEM_CHUNK=16MB"
+    assert bench.configuration_name("native", "native", "growable", "16MB") == "native->native growable"
+    assert bench.configuration_name("gpumem", "gpumem", "plain", "16MB") == "gpumem->gpumem plain"
+    assert bench.configuration_name("gpumem", "gpumem", "growable") == "gpumem->gpumem growable"
+
+
+def test_a_bad_chunk_is_refused_naming_it_and_the_forms():
+    done = run("--chunk", "1GB")
+    assert done.returncode == 2
+    assert "--chunk" in done.stderr and "'1GB'" in done.stderr and "256 MB" in done.stderr
