@@ -30,7 +30,7 @@ class GrowableSegments final : public MemorySource {
   bool serves(const Pool& pool) const { return in_effect() && &pool == &d_.default_pool; }
   void set_on(bool on) { on_ = on; }
   void set_large_chunk(std::size_t bytes) { large_chunk_ = bytes; }
-  // The chunk the large pool's requests under 32 of them are mapped in: the least power-of-two
+  // The chunk the large pool's requests under kChunksPerGrowth of them are mapped in: the least power-of-two
   // number of pages of at least large_chunk; 0 where pages cannot be mapped.
   std::size_t large_chunk() const { return page_size_ > 0 ? chunk_for(false, 0) : 0; }
   bool in_effect() const { return on_ && page_size_ > 0; }

@@ -482,7 +482,7 @@ void bind_process_allocator(py::module_& m) {
   m.def("set_large_chunk", [core](int device, std::size_t bytes) { core().device(device).set_large_chunk(bytes); },
         py::arg("device"), py::arg("bytes"), "The least chunk the large pool's new growable memory is mapped in.");
   m.def("get_large_chunk", [core](int device) { return core().device(device).settings().chunk; }, py::arg("device"),
-        "The chunk the large pool's requests under 32 of them are mapped in; 0 where pages cannot be mapped.");
+        "The chunk the large pool's requests under 128 of them are mapped in; 0 where pages cannot be mapped.");
   m.def("growable_supported", [core](int device) { return core().device(device).page_size() > 0; },
         py::arg("device"), "Whether the device can map pages (CUDA virtual memory management).");
   m.def("page_size", [core](int device) { return core().device(device).page_size(); }, py::arg("device"),
