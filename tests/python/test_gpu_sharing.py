@@ -67,11 +67,28 @@ def environment(run_dir: str, **settings: str) -> dict:
     return {**environment_without_gpumem_settings(), "GPUMEM_RUN_DIR": run_dir, **settings}
 
 
+# The service in a container's pid namespace: the worked example with one member in another namespace.
+IN_A_PID_NAMESPACE = "variables, the service in a pid namespace of its own"
+UNSHARE = ("unshare", "--pid", "--fork", "--kill-child", "--mount-proc")
+
+
+def unshare_or_skip() -> None:
+    try:
+        tried = subprocess.run([*UNSHARE, "true"], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        pytest.skip("unshare (util-linux) is not installed")
+    if tried.returncode != 0:
+        pytest.skip(f"this user may not make a pid namespace: {tried.stderr.strip()}")
+
+
 def started(how: str, side: str, run_dir: str) -> Program:
     """The service (side "serve") or the training job ("train"), started as docs/usage.md starts it
-    (`how` "variables") or through `gpumem run` ("gpumem run")."""
+    (`how` "variables") or through `gpumem run` ("gpumem run"); with IN_A_PID_NAMESPACE, the
+    service as with "variables" but in a pid namespace of its own (unshare), as in a container."""
     program = [sys.executable, "-c", PROGRAM]
-    if how == "variables":
+    if how == IN_A_PID_NAMESPACE and side == "serve":
+        return Program([*UNSHARE, *program], environment(run_dir, GPUMEM_FLOOR=f"{FLOOR_GIB}GB"))
+    if how in ("variables", IN_A_PID_NAMESPACE):
         setting = {"GPUMEM_FLOOR": f"{FLOOR_GIB}GB"} if side == "serve" else {"GPUMEM_SHARE": "on"}
         return Program(program, environment(run_dir, **setting))
     option = ["--floor", f"{FLOOR_GIB}GB"] if side == "serve" else ["--share"]
@@ -80,8 +97,11 @@ def started(how: str, side: str, run_dir: str) -> Program:
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_properties(0).total_memory < 48 * GiB,
                     reason="the worked example's 20 GB floor needs a GPU of 48 GiB or more")
-@pytest.mark.parametrize("how", ["variables", "gpumem run"])
+@pytest.mark.parametrize("how", ["variables", "gpumem run", IN_A_PID_NAMESPACE])
 def test_the_worked_example_holds_the_floor_and_moves_the_cache(tmp_path, how):
+    if how == IN_A_PID_NAMESPACE:
+        unshare_or_skip()
+    apart = how == IN_A_PID_NAMESPACE
     run_dir = str(tmp_path / "run")
     total = torch.cuda.get_device_properties(0).total_memory
     serve = started(how, "serve", run_dir)
@@ -95,6 +115,10 @@ def test_the_worked_example_holds_the_floor_and_moves_the_cache(tmp_path, how):
         assert serve.ask(f"hold {FLOOR_GIB}")["held"] == FLOOR_GIB
         figures = serve.ask("figures")
         assert figures["enabled"] and figures["sharing"]["floor"] == FLOOR_GIB * GiB
+        # Each sees the other as a member, and whether it is in its own pid namespace.
+        assert [o["same_pid_namespace"] for o in figures["sharing"]["others"]] == [not apart], figures
+        seen_by_train = train.ask("figures")["sharing"]["others"]
+        assert [(o["same_pid_namespace"], o["floor"]) for o in seen_by_train] == [(not apart, FLOOR_GIB * GiB)]
         # T's tensors go; S, past its floor on a device T filled, gets the memory T cached, which T
         # gives back (asked, or on its frees as a borrower beside a floor: docs/usage.md).
         train.ask("free")
