@@ -19,7 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
+#include <set>
 #include <memory>
 #include <vector>
 
@@ -76,10 +76,10 @@ struct Segment {
   bool small = false;            // small-pool segment
   bool growable = false;         // an address range mapped page by page (see core/growable_segments.cpp)
   std::size_t mapped = 0;        // bytes backed by memory: `size` for a plain segment
-  // A growable segment's physical allocations (chunks), start -> bytes: each was mapped by one
-  // Backend::map call and goes back whole (Note [physical chunks], core/growable_segments.cpp).
-  // All are `chunk` bytes, and `size` is whole chunks.
-  std::map<std::uintptr_t, std::size_t> chunks;
+  // The starts of a growable segment's physical allocations (chunks), each `chunk` bytes: each was
+  // mapped by one Backend::map call and goes back whole (Note [physical chunks],
+  // core/growable_segments.cpp). `size` is whole chunks.
+  std::set<std::uintptr_t> chunks;
   std::size_t chunk = 0;         // a growable segment's chunk size; 0 for a plain segment
   std::uint64_t serial = 0;      // creation order: lower is older
   SegmentSource* source = nullptr;  // where it goes back: its pool's source

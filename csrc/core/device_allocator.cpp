@@ -123,9 +123,10 @@ void DeviceAllocator::set_growable(bool on) {
 }
 
 void check_large_chunk(std::size_t bytes) {
-  if (bytes > GrowableSegments::kMaxChunk) {
+  if (bytes > kMaxLargeChunk) {
     throw std::invalid_argument("gpumem: a chunk of " + std::to_string(bytes) + " bytes is larger than the largest, " +
-                                std::to_string(GrowableSegments::kMaxChunk) + " bytes; accepted: 0 (pages) to 256 MiB");
+                                std::to_string(kMaxLargeChunk) + " bytes; accepted: 0 (pages) to " +
+                                format_bytes(kMaxLargeChunk));
   }
 }
 

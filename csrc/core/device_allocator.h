@@ -27,8 +27,11 @@
 
 namespace gpumem {
 
-// std::invalid_argument, naming the bytes, for a least chunk (AllocatorConfig::large_chunk) above
-// the largest chunk growable segments map (GrowableSegments::kMaxChunk).
+// The largest least chunk a process may set (AllocatorConfig::large_chunk): the largest chunk
+// growable segments map (GrowableSegments::kMaxChunk). The Python settings take it from here.
+inline constexpr std::size_t kMaxLargeChunk = GrowableSegments::kMaxChunk;
+
+// std::invalid_argument, naming the bytes, for a least chunk above kMaxLargeChunk.
 void check_large_chunk(std::size_t bytes);
 
 class DeviceAllocator {

@@ -90,7 +90,7 @@ std::optional<ShareRange> DeviceCore::share_range(std::uintptr_t addr) const {
   const std::uintptr_t end = block->addr + block->size;
   auto chunk = s.chunks.upper_bound(block->addr);
   if (chunk == s.chunks.begin()) throw std::logic_error("gpumem: an allocated block of a growable segment lies on no chunk");
-  for (--chunk; chunk != s.chunks.end() && chunk->first < end; ++chunk) range.memory.emplace_back(chunk->first, chunk->second);
+  for (--chunk; chunk != s.chunks.end() && *chunk < end; ++chunk) range.memory.emplace_back(*chunk, s.chunk);
   return range;
 }
 

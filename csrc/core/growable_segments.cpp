@@ -224,10 +224,10 @@ std::pair<std::uintptr_t, std::uintptr_t> GrowableSegments::chunks_inside(const 
   const auto& chunks = block->segment->chunks;
   const std::uintptr_t end = block->addr + block->size;
   const auto first = chunks.lower_bound(block->addr);
-  if (first == chunks.end() || first->first >= end) return {0, 0};
-  const auto last = std::prev(chunks.lower_bound(end));  // the last chunk starting inside the block
-  const std::uintptr_t last_end = last->first + last->second;
-  return {first->first, last_end <= end ? last_end : last->first};
+  if (first == chunks.end() || *first >= end) return {0, 0};
+  const std::uintptr_t last = *std::prev(chunks.lower_bound(end));  // the last chunk starting inside the block
+  const std::uintptr_t last_end = last + block->segment->chunk;
+  return {*first, last_end <= end ? last_end : last};
 }
 
 bool GrowableSegments::holds_free_page(const Block* block) const {
@@ -269,7 +269,7 @@ std::size_t GrowableSegments::chunk_for(bool small, std::size_t bytes) const {
 // mapped, when the device has no memory for them.
 bool GrowableSegments::map_chunks(Segment& segment, std::uintptr_t addr, std::size_t bytes) {
   if (!d_.backend.map(d_.device, reinterpret_cast<void*>(addr), bytes, segment.chunk)) return false;
-  for (std::size_t done = 0; done < bytes; done += segment.chunk) segment.chunks.emplace(addr + done, segment.chunk);
+  for (std::size_t done = 0; done < bytes; done += segment.chunk) segment.chunks.insert(addr + done);
   return true;
 }
 

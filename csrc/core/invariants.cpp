@@ -84,18 +84,18 @@ void check_chunks(int device, const Segment& s, std::size_t page) {
   if (s.chunk == 0 || s.chunk % page != 0 || s.size % s.chunk != 0) broken(device, "growable segment is not whole chunks", s.addr);
   std::size_t sum = 0;
   std::uintptr_t end = s.addr;
-  for (const auto& [addr, bytes] : s.chunks) {
-    if (addr < end || bytes != s.chunk || (addr - s.addr) % s.chunk != 0) broken(device, "chunks overlap or are not the segment's chunks", addr);
-    if (addr + bytes > s.addr + s.size) broken(device, "chunk reaches past its segment", addr);
-    end = addr + bytes;
-    sum += bytes;
+  for (const std::uintptr_t addr : s.chunks) {
+    if (addr < end || (addr - s.addr) % s.chunk != 0) broken(device, "chunks overlap or are not the segment's chunks", addr);
+    if (addr + s.chunk > s.addr + s.size) broken(device, "chunk reaches past its segment", addr);
+    end = addr + s.chunk;
+    sum += s.chunk;
   }
   if (sum != s.mapped) broken(device, "chunks do not sum to the segment's mapped bytes", s.addr);
   for (const Block* b = s.head; b; b = b->next) {
     if (b->mapped) continue;
     auto it = s.chunks.lower_bound(b->addr);
-    const bool inside = it != s.chunks.end() && it->first < b->addr + b->size;
-    const bool before = it != s.chunks.begin() && std::prev(it)->first + std::prev(it)->second > b->addr;
+    const bool inside = it != s.chunks.end() && *it < b->addr + b->size;
+    const bool before = it != s.chunks.begin() && *std::prev(it) + s.chunk > b->addr;
     if (inside || before) broken(device, "a chunk reaches into an unmapped block", b->addr);
   }
 }

@@ -281,6 +281,7 @@ void bind_limits(py::module_& m) {
   m.attr("SHOWN_LENGTH") = kShownBytes;  // python/gpumem/settings/echo.py cuts the user's text after as many
   m.attr("PRESSURE_REARM_GAP") = kPressureRearmGap;
   m.attr("MAX_PRESSURE_SHARES") = kMaxPressureWatches;
+  m.attr("MAX_CHUNK") = kMaxLargeChunk;  // python/gpumem/settings/chunk.py: the largest GPUMEM_CHUNK
   m.def("parse_limit", &parse_limit, py::arg("spec"), py::arg("device_total"),
         "Bytes for a limit spec on a device of device_total bytes; None for \"none\". ValueError if bad.");
   m.def("parse_limit_assignments", [](const std::string& text) {

@@ -45,7 +45,7 @@ TEST_CASE("setting_keys lists the keys of a settings string, lists in brackets k
 
 TEST_CASE("GPUMEM_LIMIT's text applies to the devices when they are first used", "[torch][startup]") {
   SimAdapter sim(8 * GiB, 2);
-  start(sim, {std::string("0:1GB,1:25%"), std::nullopt, std::nullopt});
+  start(sim, {std::string("0:1GB,1:25%"), std::nullopt, std::nullopt, std::nullopt});
   REQUIRE(sim.adapter.core().existing(0) == nullptr);
   REQUIRE(sim.core_device(1).limit() == 2 * GiB);
   REQUIRE(sim.core_device(0).limit() == 1 * GiB);
@@ -53,7 +53,7 @@ TEST_CASE("GPUMEM_LIMIT's text applies to the devices when they are first used",
 
 TEST_CASE("torch's init runs the setup, so a bad GPUMEM_LIMIT fails it with the variable named", "[torch][startup]") {
   SimAdapter sim(8 * GiB, 2);
-  start(sim, {std::string("0:9GB"), std::nullopt, std::nullopt});
+  start(sim, {std::string("0:9GB"), std::nullopt, std::nullopt, std::nullopt});
   try {
     sim.adapter.init(2);
     FAIL("init accepted a limit above the device");
@@ -71,7 +71,7 @@ TEST_CASE("torch's init runs the setup, so a bad GPUMEM_LIMIT fails it with the 
 
 TEST_CASE("a GPUMEM_LIMIT naming a device that is not there is an error naming the devices", "[torch][startup]") {
   SimAdapter sim(8 * GiB, 2);
-  start(sim, {std::string("2:1GB"), std::nullopt, std::nullopt});
+  start(sim, {std::string("2:1GB"), std::nullopt, std::nullopt, std::nullopt});
   const std::string message = setup_error(sim);
   REQUIRE(message.rfind("gpumem: bad GPUMEM_LIMIT \"2:1GB\": there is no CUDA device 2; this process sees devices 0..1", 0) == 0);
 }
@@ -91,7 +91,7 @@ TEST_CASE("a bad GPUMEM_LIMIT's error carries the whole value and the grammar's 
 TEST_CASE("a long bad GPUMEM_LIMIT is named short, once, with the reason", "[torch][startup]") {
   SimAdapter sim(8 * GiB, 2);
   const std::string text = "0:9GB," + std::string(100'000, ' ');
-  start(sim, {text, std::nullopt, std::nullopt});
+  start(sim, {text, std::nullopt, std::nullopt, std::nullopt});
   const std::string message = setup_error(sim);
   REQUIRE(message.size() < 1000);
   REQUIRE(message.rfind("gpumem: bad GPUMEM_LIMIT \"0:9GB,", 0) == 0);
@@ -101,7 +101,7 @@ TEST_CASE("a long bad GPUMEM_LIMIT is named short, once, with the reason", "[tor
 
 TEST_CASE("a bad GPUMEM_LIMIT changes no device, even those it could apply to", "[torch][startup]") {
   SimAdapter sim(8 * GiB, 2);
-  start(sim, {std::string("0:1GB,1:9GB"), std::nullopt, std::nullopt});
+  start(sim, {std::string("0:1GB,1:9GB"), std::nullopt, std::nullopt, std::nullopt});
   REQUIRE_FALSE(setup_error(sim).empty());
   start(sim, {});
   REQUIRE(sim.core_device(0).limit() == 8 * GiB);
@@ -111,7 +111,7 @@ TEST_CASE("torch's per_process_memory_fraction caps each device, and the lower o
   SimAdapter sim(8 * GiB, 2);
   TorchSettings torch;
   torch.fraction = 0.5;
-  start(sim, {std::string("0:1GB,1:6GB"), std::nullopt, std::nullopt}, torch);
+  start(sim, {std::string("0:1GB,1:6GB"), std::nullopt, std::nullopt, std::nullopt}, torch);
   REQUIRE(sim.core_device(0).limit() == 1 * GiB);
   REQUIRE(sim.core_device(1).limit() == 4 * GiB);
 }
@@ -130,14 +130,14 @@ TEST_CASE("getMemoryFraction reads back torch's fraction, not the lower GPUMEM_L
   SimAdapter sim(8 * GiB, 2);
   TorchSettings torch;
   torch.fraction = 0.5;
-  start(sim, {std::string("1GB"), std::nullopt, std::nullopt}, torch);
+  start(sim, {std::string("1GB"), std::nullopt, std::nullopt, std::nullopt}, torch);
   REQUIRE(sim.adapter.getMemoryFraction(1) == 0.5);
   REQUIRE(sim.core_device(1).limit() == 1 * GiB);
 }
 
 TEST_CASE("under GPUMEM_LIMIT alone getMemoryFraction is 1, as natively with no fraction set", "[torch][startup]") {
   SimAdapter sim(8 * GiB, 1);
-  start(sim, {std::string("2GB"), std::nullopt, std::nullopt});
+  start(sim, {std::string("2GB"), std::nullopt, std::nullopt, std::nullopt});
   REQUIRE(sim.adapter.getMemoryFraction(0) == 1.0);
   sim.adapter.setMemoryFraction(1.0, 0);
   REQUIRE(sim.adapter.getMemoryFraction(0) == 1.0);
@@ -151,7 +151,7 @@ TEST_CASE("torch's expandable_segments picks the segments, and GPUMEM_SEGMENTS o
   start(plain, {}, torch);
   REQUIRE_FALSE(plain.core_device(0).settings().growable);
   SimAdapter growable(8 * GiB, 1, 2 * MiB);
-  start(growable, {std::nullopt, true, std::nullopt}, torch);
+  start(growable, {std::nullopt, true, std::nullopt, std::nullopt}, torch);
   REQUIRE(growable.core_device(0).settings().growable);
 }
 
@@ -159,13 +159,13 @@ TEST_CASE("torch's garbage_collection_threshold becomes the release threshold", 
   SimAdapter sim(8 * GiB, 1);
   TorchSettings torch;
   torch.release_threshold = 0.6;
-  start(sim, {std::string("2GB"), std::nullopt, std::nullopt}, torch);
+  start(sim, {std::string("2GB"), std::nullopt, std::nullopt, std::nullopt}, torch);
   REQUIRE(sim.core_device(0).settings().release_threshold == 0.6);
 }
 
 TEST_CASE("a limit set after the setup wins over it", "[torch][startup]") {
   SimAdapter sim(8 * GiB, 1);
-  start(sim, {std::string("1GB"), std::nullopt, std::nullopt});
+  start(sim, {std::string("1GB"), std::nullopt, std::nullopt, std::nullopt});
   sim.core_device(0).set_limit(std::optional<std::size_t>(3 * GiB));
   REQUIRE(sim.core_device(0).limit() == 3 * GiB);
 }

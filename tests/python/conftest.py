@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -16,6 +17,29 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "known_limitation: checks the clear error gpumem gives for something it does not support"
     )
+    config.addinivalue_line(
+        "markers", "whole_gpu: fills the GPU, so runs while no other test of a test_gpu_ file runs (pytest -n)"
+    )
+
+
+# Tests run side by side (pytest-xdist) share the GPU. A whole_gpu test fills it, so it holds this
+# lock exclusively, and every other test of a test_gpu_ file holds it shared, over the test's whole
+# run: setup (module fixtures that start GPU processes too), call and teardown.
+GPU_LOCK = os.path.join("/tmp", f"gpumem-tests-gpu-{os.getuid()}.lock")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    whole = item.get_closest_marker("whole_gpu") is not None
+    if not whole and not item.module.__name__.startswith("test_gpu_"):
+        yield
+        return
+    with open(GPU_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if whole else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture

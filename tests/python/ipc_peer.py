@@ -19,6 +19,8 @@ multiprocessing.Pipe() is); what goes over it is pickled, as torch.multiprocessi
                          place and says so; then the sender looks
     refused-send FD      sends one tensor to a receiver that may not import it, then goes on working
     refused-receive FD   tries to rebuild it; reports the error and that it goes on working
+    figures-send FD      sends one 1 GiB tensor and its pid; keeps it until the receiver is done
+    figures-receive FD   `gpumem top --json`'s rows of both processes before and after it rebuilds it
 
 Each role prints one JSON line last: what it saw. Every wait is bounded by WAIT seconds: a peer that
 ends or goes quiet makes the other fail, never hang. The module imports the standard library only
@@ -339,8 +341,75 @@ def refused_receive(fd: str) -> None:
     report({"allocator": allocator(), **outcome})
 
 
+# ---- whose figures hold received memory ------------------------------------------------------------
+
+def top_rows(pids: list[int]) -> dict:
+    """`gpumem top --json`'s rows of `pids` (by pid, as a string): the driver's used bytes and, for a
+    gpumem process, its published figures."""
+    import subprocess
+
+    shown = subprocess.run([sys.executable, "-m", "gpumem", "top", "--json"], capture_output=True, text=True,
+                           timeout=WAIT, check=True)
+    rows = {}
+    for row in json.loads(shown.stdout)["processes"]:
+        if row["pid"] in pids:
+            rows[str(row["pid"])] = {"used": row["used_bytes"], **{name: value for name, value in (row["gpumem"] or {}).items()
+                                                                if name in ("allocated_bytes", "reserved_bytes", "counted_bytes")}}
+    return rows
+
+
+def figures_send(fd: str) -> None:
+    import torch
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    conn = connection(fd)
+    sent = torch.full((FIGURES_SENT,), 7, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    conn.send((os.getpid(), reduce_tensor(sent)))
+    expect(conn, "the receiver's figures")
+    report({"allocator": allocator(), "intact": bool((sent == 7).all())})
+
+
+def figures_receive(fd: str) -> None:
+    import time
+
+    import torch
+
+    conn = connection(fd)
+    torch.empty(1, device="cuda")  # the context, counted before anything arrives
+    sender, (rebuild, args) = expect(conn, "the tensor")
+    pids = [os.getpid(), sender]
+
+    def shown_once_published() -> dict:  # figures are published on a timer: wait for this state's
+        deadline = time.monotonic() + WAIT
+        while True:
+            rows = top_rows(pids)
+            if all(str(pid) in rows and "counted_bytes" in rows[str(pid)] for pid in pids) and \
+                    rows[str(sender)]["allocated_bytes"] >= FIGURES_SENT:
+                return rows
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gpumem top did not show both processes' figures: {rows}")
+            time.sleep(0.2)
+
+    before = shown_once_published()
+    time.sleep(1.5)  # a publication after the state settles
+    before = shown_once_published()
+    received = rebuild(*args)
+    values = bool((received == 7).all())
+    torch.cuda.synchronize()
+    time.sleep(1.5)
+    after = shown_once_published()
+    conn.send("done")
+    report({"allocator": allocator(), "values": values, "receiver": str(os.getpid()), "sender": str(sender),
+            "before": before, "after": after, "scope": __import__("gpumem").get_scope(0),
+            "reserved": torch.cuda.memory_reserved(0), "allocated": torch.cuda.memory_allocated(0)})
+
+
+FIGURES_SENT = 1 << 30  # bytes of the one tensor figures-send sends
+
 ROLES = {"weights-send": weights_send, "weights-receive": weights_receive, "queue-send": queue_send,
-         "refused-send": refused_send, "refused-receive": refused_receive}
+         "refused-send": refused_send, "refused-receive": refused_receive,
+         "figures-send": figures_send, "figures-receive": figures_receive}
 
 if __name__ == "__main__":
     ROLES[sys.argv[1]](*sys.argv[2:])

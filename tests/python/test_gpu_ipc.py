@@ -191,6 +191,29 @@ def test_a_receiver_writing_in_place_through_a_queue_is_seen_by_the_sender(sende
 
 # Growable memory goes as file descriptors the receiver takes with pidfd_getfd, which the kernel
 # refuses a process of another user. Native to native is PyTorch's own path and not gpumem's.
+# ---- whose figures hold received memory -------------------------------------------------------------
+
+@pytest.mark.parametrize("segments", ["growable", "plain"])
+def test_received_memory_counts_for_the_sender_in_top_and_nowhere_in_the_receiver(segments, tmp_path):
+    """docs/usage.md, "Whose memory": the receiver maps the sender's memory; its statistics, its cap
+    under a limit on the whole process (GPUMEM_SCOPE=process, which counts what the driver lists for
+    it) and its row in `gpumem top` leave it out; the sender's row holds it, in the driver's figure too."""
+    run_dir = {"GPUMEM_RUN_DIR": str(tmp_path / "run")}
+    result = exchange("figures", "gpumem", "gpumem", segments, tmp_path, sender_env=run_dir,
+                      receiver_env={**run_dir, "GPUMEM_SCOPE": "process"})
+    got = result["receiver"]
+    assert got["values"] and result["sender"]["intact"] and got["scope"] == "process"
+    before, after = got["before"], got["after"]
+    me, sender = got["receiver"], got["sender"]
+    sent = ipc_peer.FIGURES_SENT
+    assert got["allocated"] == 0 and after[me]["allocated_bytes"] == before[me]["allocated_bytes"] == 0
+    assert after[me]["reserved_bytes"] == before[me]["reserved_bytes"]
+    # The driver's figure for the receiver does not take the mapping in, so neither does its counted.
+    assert after[me]["used"] - before[me]["used"] < sent // 4, (before, after)
+    assert after[me]["counted_bytes"] - before[me]["counted_bytes"] < sent // 4, (before, after)
+    assert after[sender]["allocated_bytes"] >= sent and after[sender]["used"] >= sent, after
+
+
 REFUSED = [("gpumem", "native"), ("gpumem", "gpumem"), ("native", "gpumem")]
 
 

@@ -97,6 +97,7 @@ def started(how: str, side: str, run_dir: str) -> Program:
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_properties(0).total_memory < 48 * GiB,
                     reason="the worked example's 20 GB floor needs a GPU of 48 GiB or more")
+@pytest.mark.whole_gpu
 @pytest.mark.parametrize("how", ["variables", "gpumem run", IN_A_PID_NAMESPACE])
 def test_the_worked_example_holds_the_floor_and_moves_the_cache(tmp_path, how):
     if how == IN_A_PID_NAMESPACE:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import re
 
+import gpumem._C as _C
 from gpumem.settings.echo import shown
 
-LARGEST = 256 << 20
+LARGEST = _C.MAX_CHUNK  # the core's bound (core/device_allocator.h)
 FORMS = ('a size with a binary unit ("16MB", "16 MiB", "2M"; 1 MB = 1048576 bytes) or a byte count '
-         '("16777216"), from 0 (pages, the default) to 256 MB')
+         f'("16777216"), from 0 (pages, the default) to {LARGEST >> 20} MB')
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20}
 _SIZE = re.compile(r"(\d{1,12})\s*([a-z]*)")
 
@@ -38,5 +39,5 @@ def chunk_bytes(value: object) -> int:
             raise ValueError(f"gpumem: bad chunk {shown(value)}: give {FORMS}")
         count = int(match.group(1)) * _UNITS[match.group(2)]
     if not 0 <= count <= LARGEST:
-        raise ValueError(f"gpumem: a chunk of {shown(value)} is outside 0 to 256 MB: give {FORMS}")
+        raise ValueError(f"gpumem: a chunk of {shown(value)} is outside 0 to {LARGEST >> 20} MB: give {FORMS}")
     return count
