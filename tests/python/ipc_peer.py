@@ -395,7 +395,8 @@ def figures_receive(fd: str) -> None:
     time.sleep(1.5)  # a publication after the state settles
     before = shown_once_published()
     received = rebuild(*args)
-    values = bool((received == 7).all())
+    ends = (received[:SAMPLE], received[-SAMPLE:])  # a whole comparison would cache a 1 GiB temporary
+    values = all(bool((end == 7).all()) for end in ends)
     torch.cuda.synchronize()
     time.sleep(1.5)
     after = shown_once_published()
@@ -406,6 +407,7 @@ def figures_receive(fd: str) -> None:
 
 
 FIGURES_SENT = 1 << 30  # bytes of the one tensor figures-send sends
+SAMPLE = 1 << 20  # bytes at each end of it the receiver reads
 
 ROLES = {"weights-send": weights_send, "weights-receive": weights_receive, "queue-send": queue_send,
          "refused-send": refused_send, "refused-receive": refused_receive,
