@@ -16,7 +16,10 @@ are the ones that matter; the others come from tools/make_test_snapshots.py. For
 The top-level figures of each snapshot (min_limit, ...) are the growable ones, gpumem's default;
 "plain" holds the same figures with plain segments.
 
-    python3 benchmarks/bench_replay.py [--data tests/python/data] [--out FILE]
+    python3 benchmarks/bench_replay.py [--data tests/python/data] [--out FILE] [--chunk 16MB]
+
+--chunk replays growable segments with that least chunk for the large pool (GPUMEM_CHUNK's forms):
+what a coarser chunk costs the cap.
 
 Prints a table, then the JSON record (also written to FILE).
 
@@ -53,11 +56,11 @@ SHAPES = ("ramp", "churn")
 BASE_ADDRESS = 0x7F00_0000_0000
 
 
-def measure_kind(snapshot, peak: int, kind: str) -> dict:
+def measure_kind(snapshot, peak: int, kind: str, chunk: int = 0) -> dict:
     from gpumem.trace import replay
 
-    found = replay.min_limit(snapshot, precision=MiB, segments=kind)
-    free_run = replay.replay(snapshot, "none", segments=kind)
+    found = replay.min_limit(snapshot, precision=MiB, segments=kind, chunk=chunk)
+    free_run = replay.replay(snapshot, "none", segments=kind, chunk=chunk)
     return {
         "min_limit": found.limit,
         "min_limit_over_peak_allocated": found.ratio,
@@ -67,12 +70,12 @@ def measure_kind(snapshot, peak: int, kind: str) -> dict:
     }
 
 
-def measure(snapshot, captured: dict) -> dict:
+def measure(snapshot, captured: dict, chunk: int = 0) -> dict:
     from gpumem.trace import replay
 
     start = time.perf_counter()
     peak = replay.peak_allocated_from_trace(snapshot)
-    growable, plain = (measure_kind(snapshot, peak, kind) for kind in KINDS)
+    growable, plain = (measure_kind(snapshot, peak, kind, chunk) for kind in KINDS)
     original = replay.replay(snapshot, "none").original_peak_reserved  # the recording's, whatever the kind
     return {
         "peak_allocated": peak,
@@ -194,9 +197,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=pathlib.Path, default=DATA)
     parser.add_argument("--out", default="", help="write the JSON result here too")
+    parser.add_argument("--chunk", default="0",
+                        help="the least chunk of growable segments' large pool, as GPUMEM_CHUNK takes it (default 0: pages)")
     parser.add_argument("--scaling", type=int, nargs="*", metavar="LENGTH",
                         help="replay time against trace length instead (default lengths: 10000 100000 1000000)")
     args = parser.parse_args()
+    from gpumem.settings.chunk import chunk_bytes
+
+    try:
+        chunk = chunk_bytes(args.chunk)
+    except ValueError as error:
+        parser.error(f"--chunk: {error}")
     if args.scaling is not None:
         lengths = args.scaling or list(SCALING_LENGTHS)
         if any(n < 1 for n in lengths):
@@ -213,11 +224,11 @@ def main() -> None:
         if snapshot is None:
             continue
         log(f"replay: {path.stem}")
-        snapshots[path.stem] = measure(snapshot, captured.get(path.stem, {}))
+        snapshots[path.stem] = measure(snapshot, captured.get(path.stem, {}), chunk)
     print(table(snapshots) + "\n")
     from gpumem.trace.replay import PAGE_SIZE
 
-    write_json(args.out, {"precision": MiB, "page_size": PAGE_SIZE, "snapshots": snapshots})
+    write_json(args.out, {"precision": MiB, "page_size": PAGE_SIZE, "chunk": chunk, "snapshots": snapshots})
 
 
 if __name__ == "__main__":

@@ -251,8 +251,9 @@ bool GrowableSegments::holds_free_page(const Block* block) const {
 // (torch/ipc.cpp), and torch's own allocator opens only chunks of one size. So each segment maps
 // chunks of one size (Segment::chunk), a request grows the segment of its chunk, and a growth maps
 // whole chunks, the rest of the last one cached: no block lies on chunks of two sizes. Where the
-// cap or the device refuses whole chunks, the request grows the segment of pages (grow()), so a
-// job that fits under a cap to the page still fits. AllocatorConfig::large_chunk raises the large
+// cap or the device refuses whole chunks, the request grows the segment of pages (grow()); what
+// the cap then counts beyond the live blocks to the page is the free parts of chunks they share,
+// which cannot go back while they live. AllocatorConfig::large_chunk raises the large
 // pool's least chunk (GPUMEM_CHUNK): a model's weights grown in 2 MiB pages took a receiver 2.3
 // times native's time to open (native maps its large pool in 20 MiB pages), in 16 MiB chunks less
 // than native's; the price is a coarser cap, since a chunk part of which is in use stays mapped

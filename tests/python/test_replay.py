@@ -365,6 +365,35 @@ def test_min_limit_is_the_peak_when_nothing_fragments():
     assert rp.min_limit(snapshot).limit == 60 * MiB
 
 
+def test_a_coarser_least_chunk_replays_with_its_chunks_and_needs_a_higher_cap():
+    # Three 20 MiB requests: pages map exactly 60 MiB; 16 MiB chunks map 32 MiB for the first, the
+    # rest of each last chunk cached for the next, 64 MiB in all. Under a 60 MiB cap the third
+    # falls back to pages, but the 8 MiB free in the second's last chunk cannot go back.
+    snapshot = from_dict(trace(*[event("alloc", (i + 1) << 30, 20 * MiB) for i in range(3)]))
+    assert rp.replay(snapshot, "none", chunk="16MB").peak_reserved == 64 * MiB
+    assert rp.replay(snapshot, "none", chunk=0).peak_reserved == 60 * MiB
+    assert rp.min_limit(snapshot, chunk="16MB").limit == 64 * MiB
+    assert rp.min_limit(snapshot, chunk=0).limit == 60 * MiB
+    pages, coarse = (rp.min_limit(data("big_blocks"), chunk=c) for c in (0, "16MB"))
+    assert coarse.limit > pages.limit
+
+
+def test_the_free_part_of_a_large_tensors_last_chunk_counts_under_the_cap():
+    # docs/usage.md, "Chunks": 602 MiB is mapped in 4 MiB chunks, the last one half used; the 2 MiB
+    # free in it stays while the tensor lives, so with a 300 MiB tensor after it the cap must be
+    # 904 MiB, where their pages make 902.
+    snapshot = from_dict(trace(event("alloc", 1 << 30, 602 * MiB), event("alloc", 2 << 30, 300 * MiB)))
+    assert rp.min_limit(snapshot).limit == 904 * MiB
+    assert rp.min_limit(snapshot, segments="growable", chunk=0).peak_allocated == 902 * MiB
+
+
+@pytest.mark.parametrize("chunk", ["fast", "1GB", -1, 1.5])
+def test_a_bad_chunk_is_refused_naming_it_and_the_forms(chunk):
+    with pytest.raises((ValueError, TypeError)) as caught:
+        rp.replay(data("big_blocks"), "none", chunk=chunk)
+    assert str(chunk) in str(caught.value) and "a byte count" in str(caught.value)
+
+
 def test_min_limit_is_none_when_the_trace_does_not_fit_in_the_device():
     found = rp.min_limit(data("big_blocks"), total=512 * MiB)
     assert found.limit is None and found.ratio is None

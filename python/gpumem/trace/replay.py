@@ -41,6 +41,7 @@ from typing import Optional, Union
 
 import gpumem._C as _C
 from gpumem.settings import limits, segments as _segments, sizes as _sizes
+from gpumem.settings.chunk import chunk_bytes
 from gpumem.settings.echo import shown
 from gpumem.trace.snapshot_file import Segment, Snapshot, Source, load
 
@@ -128,18 +129,21 @@ class MinLimit:
 
 
 def replay(snapshot: Union[Snapshot, Source], limit: Limit, device: Optional[int] = None,
-           total: Optional[int] = None, segments: str = _segments.GROWABLE) -> ReplayResult:
+           total: Optional[int] = None, segments: str = _segments.GROWABLE, chunk: Union[int, str] = 0) -> ReplayResult:
     """Replays `device`'s trace (the first device with events for None) under `limit`.
 
     `limit` is a spec ("4GB", "50%", "none") or a byte count. The simulated device has `total`
     bytes if given, else the device total the snapshot records, else max(limit, 2 × the peak the
     trace needs); a percentage or fraction is of that size. `segments` is "growable" or "plain"
-    (see Note [segments]).
+    (see Note [segments]); `chunk` the least chunk of growable segments' large pool, as
+    GPUMEM_CHUNK takes it (0, pages, by default; gpumem.settings.chunk).
     """
     growable = _segments.growable(segments)
+    least = chunk_bytes(chunk)
     plan = _Plan.of(_loaded(snapshot), device)
     capacity, source = _capacity(plan, limit, total)
-    return _run(plan, _Device(capacity, source, growable, plan.device), _limit_bytes(limit, capacity), timeline=True)
+    return _run(plan, _Device(capacity, source, growable, plan.device, least), _limit_bytes(limit, capacity),
+                timeline=True)
 
 
 def peak_allocated_from_trace(snapshot: Union[Snapshot, Source], device: Optional[int] = None) -> int:
@@ -149,7 +153,7 @@ def peak_allocated_from_trace(snapshot: Union[Snapshot, Source], device: Optiona
 
 
 def min_limit(snapshot: Union[Snapshot, Source], precision: int = MiB, device: Optional[int] = None,
-              total: Optional[int] = None, segments: str = _segments.GROWABLE) -> MinLimit:
+              total: Optional[int] = None, segments: str = _segments.GROWABLE, chunk: Union[int, str] = 0) -> MinLimit:
     """Bisects limits on the grid peak_allocated + k × precision, up to the simulated device's size.
 
     The result fits, and the grid point below it (`precision` bytes lower) fails. Fitting is not
@@ -158,7 +162,7 @@ def min_limit(snapshot: Union[Snapshot, Source], precision: int = MiB, device: O
     637 MiB). So the result is a limit that fits with the one right below it failing, which the
     bisection finds in log2(steps) replays; a smaller limit may fit too. `precision` is rounded up
     to a multiple of 512 bytes; `peak_allocated` is the trace's (see Note [peak allocated]).
-    `segments` is "growable" or "plain" (see Note [segments]).
+    `segments` is "growable" or "plain" (see Note [segments]); `chunk` as for replay().
     """
     if isinstance(precision, bool) or not isinstance(precision, int):
         raise TypeError(f"gpumem: precision {shown(precision)} is not an int number of bytes")
@@ -167,9 +171,10 @@ def min_limit(snapshot: Union[Snapshot, Source], precision: int = MiB, device: O
                          f"simulated device's {_C.SIM_MAX_CAPACITY}")
     precision = block_size(precision)
     growable = _segments.growable(segments)
+    least = chunk_bytes(chunk)
     plan = _Plan.of(_loaded(snapshot), device)
     capacity, source = _capacity(plan, None, total)
-    sim_device = _Device(capacity, source, growable, plan.device)
+    sim_device = _Device(capacity, source, growable, plan.device, least)
     kind = _segments.kind(growable)
     floor = plan.peak_allocated
     steps = max(0, math.ceil((capacity - floor) / precision))
@@ -389,9 +394,13 @@ class _Device:
     capacity_source: str
     growable: bool
     index: int = 0
+    chunk: int = 0  # the large pool's least chunk (growable segments)
 
     def allocator(self):
-        return _C.SimAllocator(self.capacity, self.index + 1, page_size=PAGE_SIZE if self.growable else 0)
+        sim = _C.SimAllocator(self.capacity, self.index + 1, page_size=PAGE_SIZE if self.growable else 0)
+        if self.growable and self.chunk:
+            sim.set_large_chunk(self.index, self.chunk)
+        return sim
 
 
 def _run(plan: _Plan, sim_device: _Device, limit: int, timeline: bool) -> ReplayResult:
