@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace gpumem {
@@ -96,12 +97,14 @@ std::vector<ProcessUse> processes(const char* pci_bus_id) {
   std::vector<ProcessUse> out;
   const auto entries = listed(pci_bus_id);
   if (!entries) return out;
+  std::vector<std::pair<unsigned, std::size_t>> bytes_of;  // a pid's entries summed, in NVML's order
   for (const NvmlProcessInfo& p : *entries) {
     if (p.used_gpu_memory == kNvmlValueNotAvailable) continue;
-    auto same = std::find_if(out.begin(), out.end(), [&](const ProcessUse& u) { return u.pid == p.pid; });
-    if (same == out.end()) same = out.insert(out.end(), ProcessUse{p.pid, 0});
-    same->bytes += static_cast<std::size_t>(p.used_gpu_memory);
+    auto same = std::find_if(bytes_of.begin(), bytes_of.end(), [&](const auto& u) { return u.first == p.pid; });
+    if (same == bytes_of.end()) same = bytes_of.insert(bytes_of.end(), {p.pid, 0});
+    same->second += static_cast<std::size_t>(p.used_gpu_memory);
   }
+  for (const auto& [pid, bytes] : bytes_of) out.push_back(ProcessUse{pid, bytes});
   return out;
 }
 

@@ -38,12 +38,21 @@ struct FreeBins;
 
 // A free block's place in the free set (see FreeBlocks), valid while it is in one: the bins and
 // size class it is filed under, and its links in that class's tree.
+// Changed only by the free set (core/free_set.h, core/free_tree.{h,cpp}), through these methods.
 struct FreeLink {
   Block* parent = nullptr;
   Block* child[2] = {nullptr, nullptr};  // lower, higher (size, address)
   FreeBins* bins = nullptr;
   unsigned cls = 0;
   bool red = false;
+
+  void set_parent(Block* p) { parent = p; }
+  void set_child(int side, Block* c) { child[side] = c; }
+  void set_red(bool r) { red = r; }
+  void file(FreeBins* in, unsigned size_class) {  // filed under `in`'s class `size_class`
+    bins = in;
+    cls = size_class;
+  }
 };
 
 // Aligned to a cache line (two lines each): blocks of different streams are worked on by different
@@ -61,6 +70,44 @@ struct alignas(64) Block {
   int pending_events = 0;          // freed by the caller, still in use on other streams
   FreeLink where;                  // its place in the free set, valid while it is free
   std::vector<StreamId> stream_uses;  // streams other than `stream` that used the block
+
+  // State changes, the only writes to these fields outside this header (all inline: the hot path
+  // compiles to the same stores).
+  // A fresh block of `seg`: [at, at + bytes) of stream `on`, linked to nothing.
+  void place(Segment* seg, std::uintptr_t at, std::size_t bytes, StreamId on, bool is_mapped) {
+    addr = at;
+    size = bytes;
+    stream = on;
+    segment = seg;
+    mapped = is_mapped;
+    prev = next = nullptr;
+  }
+  // Linked in right after `before`, in address order.
+  void link_after(Block* before) {
+    prev = before;
+    next = before->next;
+    if (next) next->prev = this;
+    before->next = this;
+  }
+  // Folds the block after it into it; returns that block, linked to nothing of the segment's now.
+  Block* absorb_next() {
+    Block* later = next;
+    size += later->size;
+    next = later->next;
+    if (next) next->prev = this;
+    return later;
+  }
+  void resize(std::size_t bytes) { size = bytes; }
+  void set_mapped(bool is_mapped) { mapped = is_mapped; }
+  void chain_spare(Block* spare) { next = spare; }  // BlockArena's list of spare blocks
+  void mark_allocated(std::size_t requested_bytes) {
+    allocated = true;
+    requested = requested_bytes;
+  }
+  void mark_freed() { allocated = false; }
+  void clear_requested() { requested = 0; }
+  void pend(int events) { pending_events = events; }  // in use on `events` more streams (0: none)
+  void event_done() { --pending_events; }
 
   void* ptr() const { return reinterpret_cast<void*>(addr); }
   bool is_free() const { return !allocated && pending_events == 0; }
@@ -85,6 +132,24 @@ struct Segment {
   SegmentSource* source = nullptr;  // where it goes back: its pool's source
   Block* head = nullptr;
   DeviceAllocator* owner = nullptr;
+
+  // A segment of [at, at + bytes): growable, with chunks of `chunk_bytes`, where that is not 0 (and
+  // then nothing mapped yet), else plain (all of it mapped). SegmentTable::add makes each.
+  Segment(std::uintptr_t at, std::size_t bytes, StreamId on, Pool* of, bool is_small, std::size_t chunk_bytes,
+          std::uint64_t made, SegmentSource* goes_to, DeviceAllocator* owned_by)
+      : addr(at), size(bytes), stream(on), pool(of), small(is_small), growable(chunk_bytes > 0),
+        mapped(chunk_bytes > 0 ? 0 : bytes), chunk(chunk_bytes), serial(made), source(goes_to), owner(owned_by) {}
+
+  void set_head(Block* first) { head = first; }
+  // [at, at + bytes), whole chunks, mapped now / unmapped now (a growable segment's).
+  void add_chunks(std::uintptr_t at, std::size_t bytes) {
+    for (std::size_t done = 0; done < bytes; done += chunk) chunks.insert(at + done);
+    mapped += bytes;
+  }
+  void remove_chunks(std::uintptr_t lo, std::uintptr_t hi) {
+    chunks.erase(chunks.lower_bound(lo), chunks.lower_bound(hi));
+    mapped -= hi - lo;
+  }
 
   // A plain segment that is one free block: it can go back to the device whole.
   bool is_unused() const { return !growable && head->is_free() && head->size == size; }

@@ -30,7 +30,7 @@ class BlockArena {
   }
   // `block` must be in the free state.
   void recycle(Block* block) {
-    block->next = spare_;
+    block->chain_spare(spare_);
     spare_ = block;
   }
   // For the invariant checker: every Block it made, and those spare now. The others are in

@@ -14,7 +14,7 @@
 namespace gpumem {
 
 void StreamEvents::defer(Block* block) {
-  block->pending_events = 1;  // held until the capture ends or its markers are followed
+  block->pend(1);  // held until the capture ends or its markers are followed
   Deferred d{block, {}};
   if (capture_reuse_) {
     for (StreamId s : block->stream_uses) {

@@ -238,8 +238,7 @@ std::size_t DeviceCore::allocated() const {
       segment.pool->blocks_for(small).insert(rest);
     }
   }
-  block->allocated = true;
-  block->requested = requested;
+  block->mark_allocated(requested);
   StatLedger& stats = lane ? lane->stats : d_.accounts.ledger();
   count_split(stats, segment, split.blocks, split.bytes);
   stats.hand_out(small, block->size, requested);
@@ -290,7 +289,7 @@ void DeviceCore::measure_outside() {
   if (segment.pool != &d_.default_pool) return false;
   FreeBins* bins = lane_bins(slot, segment.small);
   if (!bins) return false;
-  block->allocated = false;
+  block->mark_freed();
   const InLane in_lane{bins, lane, d_.lane_ledgers.enter(d_.lanes, lane, d_.accounts.ledger())};
   free_block(block, &in_lane, true);
   debug_check_lane(lane);
@@ -306,7 +305,7 @@ void DeviceCore::free(Block* block) {
   const WholeDevice whole(*this);
   ++on_device_;
   if (!block->allocated) throw std::logic_error("gpumem: block freed twice or never allocated");
-  block->allocated = false;
+  block->mark_freed();
   if (block->stream_uses.empty()) {
     release_.after_free(free_block(block, nullptr, true));
     debug_check();
@@ -324,7 +323,7 @@ void DeviceCore::free(Block* block) {
 }
 
 void DeviceCore::free_pending(Block* block) {
-  block->pending_events = 0;
+  block->pend(0);
   d_.accounts.ledger().retire(block->segment->small, block->size);
   release_.after_free(free_block(block, nullptr, false));
 }
@@ -336,7 +335,7 @@ void DeviceCore::free_pending(Block* block) {
   const bool small = segment.small;
   const std::size_t size = block->size;
   const std::size_t requested = block->requested;
-  block->requested = 0;
+  block->clear_requested();
   FreeBlocks& blocks = segment.pool->blocks_for(small);
   const Merge merge = merge_free_neighbours(block, blocks, lane ? lane->lane.arena : d_.arena_for(segment.stream));
   const bool split = merge.block->is_split();  // the net change: the merged block if split, less the neighbours

@@ -149,8 +149,7 @@ inline void FreeBlocks::insert_into(FreeBins& bins, Block* block) {
     bins.summary |= std::uint64_t{1} << (cls / 64);
   }
   free_tree::insert(bins.roots[cls], block);
-  block->where.bins = &bins;
-  block->where.cls = cls;
+  block->where.file(&bins, cls);
 }
 
 inline void FreeBlocks::unlink(StreamBins& bins, unsigned cls, Block* block) {

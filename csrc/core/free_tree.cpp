@@ -9,11 +9,11 @@ namespace {
 void rotate(Block*& root, Block* x, int d) {
   Block* y = link(x).child[1 - d];
   Block* inner = link(y).child[d];
-  link(x).child[1 - d] = inner;
-  if (inner) link(inner).parent = x;
+  link(x).set_child(1 - d, inner);
+  if (inner) link(inner).set_parent(x);
   replace(root, x, y);
-  link(y).child[d] = x;
-  link(x).parent = y;
+  link(y).set_child(d, x);
+  link(x).set_parent(y);
 }
 
 }  // namespace
@@ -28,8 +28,9 @@ void insert_fixup(Block*& root, Block* z) {
     const int pd = side_of(p, g);
     Block* uncle = link(g).child[1 - pd];
     if (is_red(uncle)) {
-      link(p).red = link(uncle).red = false;
-      link(g).red = true;
+      link(p).set_red(false);
+      link(uncle).set_red(false);
+      link(g).set_red(true);
       z = g;
       continue;
     }
@@ -37,12 +38,12 @@ void insert_fixup(Block*& root, Block* z) {
       rotate(root, p, pd);
       p = z;
     }
-    link(p).red = false;
-    link(g).red = true;
+    link(p).set_red(false);
+    link(g).set_red(true);
     rotate(root, g, 1 - pd);
     break;
   }
-  link(root).red = false;
+  link(root).set_red(false);
 }
 
 // Restores the black height after a black node left from under `parent` on the side of `x`
@@ -52,30 +53,30 @@ void erase_fixup(Block*& root, Block* x, Block* parent) {
     const int d = link(parent).child[0] == x ? 0 : 1;  // the sibling is not null, so this is exact
     Block* w = link(parent).child[1 - d];
     if (is_red(w)) {
-      link(w).red = false;
-      link(parent).red = true;
+      link(w).set_red(false);
+      link(parent).set_red(true);
       rotate(root, parent, d);
       w = link(parent).child[1 - d];
     }
     if (!is_red(link(w).child[0]) && !is_red(link(w).child[1])) {
-      link(w).red = true;
+      link(w).set_red(true);
       x = parent;
       parent = link(x).parent;
       continue;
     }
     if (!is_red(link(w).child[1 - d])) {
-      link(link(w).child[d]).red = false;
-      link(w).red = true;
+      link(link(w).child[d]).set_red(false);
+      link(w).set_red(true);
       rotate(root, w, 1 - d);
       w = link(parent).child[1 - d];
     }
-    link(w).red = link(parent).red;
-    link(parent).red = false;
-    link(link(w).child[1 - d]).red = false;
+    link(w).set_red(link(parent).red);
+    link(parent).set_red(false);
+    link(link(w).child[1 - d]).set_red(false);
     rotate(root, parent, d);
     x = root;
   }
-  if (x) link(x).red = false;
+  if (x) link(x).set_red(false);
 }
 
 // Erases `z`, which has two children: its successor takes its place and colour.
@@ -89,13 +90,13 @@ void erase_inner(Block*& root, Block* z) {
   if (link(y).parent != z) {
     parent = link(y).parent;
     replace(root, y, x);
-    link(y).child[1] = right;
-    link(right).parent = y;
+    link(y).set_child(1, right);
+    link(right).set_parent(y);
   }
   replace(root, z, y);
-  link(y).child[0] = left;
-  link(left).parent = y;
-  link(y).red = link(z).red;
+  link(y).set_child(0, left);
+  link(left).set_parent(y);
+  link(y).set_red(link(z).red);
   if (!removed_red) erase_fixup(root, x, parent);
 }
 

@@ -25,9 +25,9 @@ inline void replace(Block*& root, Block* from, Block* to) {
   if (!parent) {
     root = to;
   } else {
-    link(parent).child[side_of(from, parent)] = to;
+    link(parent).set_child(side_of(from, parent), to);
   }
-  if (to) link(to).parent = parent;
+  if (to) link(to).set_parent(parent);
 }
 
 // The last block down side `d` (0: the lowest) under `b`.
@@ -56,14 +56,15 @@ inline void insert(Block*& root, Block* node) {
     d = before(cur, node) ? 1 : 0;
   }
   FreeLink& l = link(node);
-  l.parent = parent;
-  l.child[0] = l.child[1] = nullptr;
-  l.red = parent != nullptr;  // a new root is black
+  l.set_parent(parent);
+  l.set_child(0, nullptr);
+  l.set_child(1, nullptr);
+  l.set_red(parent != nullptr);  // a new root is black
   if (!parent) {
     root = node;
     return;
   }
-  link(parent).child[d] = node;
+  link(parent).set_child(d, node);
   if (link(parent).red) insert_fixup(root, node);
 }
 
@@ -74,7 +75,7 @@ inline void erase(Block*& root, Block* z) {
   replace(root, z, x);
   if (l.red) return;
   if (x) {
-    link(x).red = false;
+    link(x).set_red(false);
   } else if (root) {
     erase_fixup(root, nullptr, l.parent);
   }

@@ -180,8 +180,7 @@ Block* GrowableSegments::map_front(Request& r, Block* unmapped) {
   FreeBlocks& unmapped_set = segment.pool->unmapped_for(small);
   unmapped_set.erase(unmapped);
   if (bytes < unmapped->size) unmapped_set.insert(split_block(unmapped, bytes, d_.arena_for(segment.stream)));
-  unmapped->mapped = true;
-  segment.mapped += bytes;
+  unmapped->set_mapped(true);
   return merge_free_neighbours(unmapped, segment.pool->blocks_for(small), d_.arena_for(segment.stream)).block;
 }
 
@@ -194,9 +193,8 @@ std::size_t GrowableSegments::unmap_block(Block* block) {
   const auto [lo, hi] = chunks_inside(block);
   if (hi <= lo) return 0;
   d_.backend.unmap(d_.device, reinterpret_cast<void*>(lo), hi - lo);
-  segment.chunks.erase(segment.chunks.lower_bound(lo), segment.chunks.lower_bound(hi));
+  segment.remove_chunks(lo, hi);
   d_.accounts.unmap_pages(small, hi - lo);
-  segment.mapped -= hi - lo;
 
   FreeBlocks& cached = segment.pool->blocks_for(small);
   cached.erase(block);
@@ -211,7 +209,7 @@ std::size_t GrowableSegments::unmap_block(Block* block) {
   for (Block* remnant : {front, back}) {
     if (remnant) cached.insert(remnant);
   }
-  middle->mapped = false;
+  middle->set_mapped(false);
   FreeBlocks& unmapped_set = segment.pool->unmapped_for(small);
   unmapped_set.insert(merge_free_neighbours(middle, unmapped_set, d_.arena_for(segment.stream)).block);
   return hi - lo;
@@ -270,7 +268,7 @@ std::size_t GrowableSegments::chunk_for(bool small, std::size_t bytes) const {
 // mapped, when the device has no memory for them.
 bool GrowableSegments::map_chunks(Segment& segment, std::uintptr_t addr, std::size_t bytes) {
   if (!d_.backend.map(d_.device, reinterpret_cast<void*>(addr), bytes, segment.chunk)) return false;
-  for (std::size_t done = 0; done < bytes; done += segment.chunk) segment.chunks.insert(addr + done);
+  segment.add_chunks(addr, bytes);
   return true;
 }
 

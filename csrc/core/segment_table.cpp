@@ -8,27 +8,10 @@ namespace gpumem {
 
 Segment* SegmentTable::add(Pool& pool, SegmentSource& source, BlockArena& arena, bool small, StreamId stream,
                            std::uintptr_t addr, std::size_t size, std::size_t chunk) {
-  const bool growable = chunk > 0;
-  auto segment = std::make_unique<Segment>();
-  segment->addr = addr;
-  segment->size = size;
-  segment->stream = stream;
-  segment->pool = &pool;
-  segment->small = small;
-  segment->growable = growable;
-  segment->chunk = chunk;
-  segment->mapped = growable ? 0 : size;
-  segment->serial = next_serial_++;
-  segment->source = &source;
-  segment->owner = owner_;
+  auto segment = std::make_unique<Segment>(addr, size, stream, &pool, small, chunk, next_serial_++, &source, owner_);
   Block* head = arena.make();
-  head->addr = addr;
-  head->size = size;
-  head->stream = stream;
-  head->segment = segment.get();
-  head->prev = head->next = nullptr;
-  head->mapped = !growable;
-  segment->head = head;
+  head->place(segment.get(), addr, size, stream, !segment->growable);
+  segment->set_head(head);
   pool.segment_filed();
   return segments_.emplace(addr, std::move(segment)).first->second.get();
 }

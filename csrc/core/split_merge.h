@@ -22,27 +22,17 @@ struct Merge {
 // is the rest, linked after it in the segment.
 inline Block* split_block(Block* block, std::size_t size, BlockArena& arena) {
   Block* rest = arena.make();
-  rest->addr = block->addr + size;
-  rest->size = block->size - size;
-  rest->stream = block->stream;
-  rest->segment = block->segment;
-  rest->mapped = block->mapped;
-  rest->prev = block;
-  rest->next = block->next;
-  if (rest->next) rest->next->prev = rest;
-  block->next = rest;
-  block->size = size;
+  rest->place(block->segment, block->addr + size, block->size - size, block->stream, block->mapped);
+  rest->link_after(block);
+  block->resize(size);
   return rest;
 }
 
 namespace split_merge_detail {
 
-// Folds `later` (the block right after `earlier`) into `earlier`.
-inline void absorb(Block* earlier, Block* later, BlockArena& arena) {
-  earlier->size += later->size;
-  earlier->next = later->next;
-  if (earlier->next) earlier->next->prev = earlier;
-  arena.recycle(later);
+// Folds the block right after `earlier` into it.
+inline void absorb(Block* earlier, BlockArena& arena) {
+  arena.recycle(earlier->absorb_next());
 }
 
 }  // namespace split_merge_detail
@@ -66,13 +56,13 @@ inline Merge merge_free_neighbours(Block* block, FreeBlocks& blocks, BlockArena&
     ++merge.absorbed_count;
     merge.absorbed_bytes += next->size;
     blocks.erase(next);
-    split_merge_detail::absorb(block, next, arena);
+    split_merge_detail::absorb(block, arena);  // `next`
   }
   if (Block* prev = block->prev; merges_with(block, prev)) {
     ++merge.absorbed_count;
     merge.absorbed_bytes += prev->size;
     blocks.erase(prev);
-    split_merge_detail::absorb(prev, block, arena);
+    split_merge_detail::absorb(prev, arena);  // `block`
     merge.block = prev;
   }
   return merge;

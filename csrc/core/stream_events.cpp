@@ -12,7 +12,7 @@ StreamEvents::~StreamEvents() {
 }
 
 void StreamEvents::wait_for(Block* block) {
-  block->pending_events = static_cast<int>(block->stream_uses.size());
+  block->pend(static_cast<int>(block->stream_uses.size()));
   for (StreamId s : block->stream_uses) pending_.push_back({block, backend_.record_event(device_, s)});
   block->stream_uses.clear();
 }
@@ -30,7 +30,7 @@ std::vector<Block*> StreamEvents::take_done() {
     if (p.block->pending_events == 1) {
       done.push_back(p.block);
     } else {
-      --p.block->pending_events;
+      p.block->event_done();
     }
   }
   pending_.resize(kept);
@@ -39,7 +39,7 @@ std::vector<Block*> StreamEvents::take_done() {
 
 void StreamEvents::end_capture() {
   for (const Deferred& d : deferred_) {
-    d.block->pending_events = 0;
+    d.block->pend(0);
     wait_for(d.block);
   }
   deferred_.clear();

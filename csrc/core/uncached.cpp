@@ -6,8 +6,8 @@
 namespace gpumem {
 
 UncachedMemory::~UncachedMemory() {
-  for (const auto& [addr, held] : blocks_) {
-    quietly([&] { backend_.release(device_, reinterpret_cast<void*>(addr), held.bytes); });
+  for (const auto& entry : blocks_) {  // not a structured binding: lambdas capture those only from C++20
+    quietly([&] { backend_.release(device_, reinterpret_cast<void*>(entry.first), entry.second.bytes); });
   }
 }
 
