@@ -8,7 +8,8 @@ recorded on an H200 with PyTorch's own allocator, plain segments, by tools/captu
 are the ones that matter; the others come from tools/make_test_snapshots.py. For each:
   - peak allocated: the peak of live blocks in the trace (each request rounded to 512 bytes);
   - min limit, growable / plain: the smallest limit, to 1 MiB, gpumem replays the whole trace
-    under (gpumem.replay.min_limit) with growable segments (2 MiB pages) and with plain ones, and
+    under (gpumem.replay.min_limit) with growable segments (2 MiB pages; the chunks --chunk sets)
+    and with plain ones, and
     its ratio to peak allocated;
   - original reserved: the peak reserved in the recorded run (from its segment events), and its
     ratio to peak allocated (what the recording allocator needed to serve the same requests);
@@ -208,6 +209,8 @@ def main() -> None:
         chunk = chunk_bytes(args.chunk)
     except ValueError as error:
         parser.error(f"--chunk: {error}")
+    if args.scaling is not None and chunk:
+        parser.error("--chunk applies to the snapshots' replays, not to --scaling")
     if args.scaling is not None:
         lengths = args.scaling or list(SCALING_LENGTHS)
         if any(n < 1 for n in lengths):

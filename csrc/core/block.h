@@ -17,6 +17,7 @@
 //     source of its own has only plain segments
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <set>
@@ -108,6 +109,12 @@ struct alignas(64) Block {
   void clear_requested() { requested = 0; }
   void pend(int events) { pending_events = events; }  // in use on `events` more streams (0: none)
   void event_done() { --pending_events; }
+  void use_on(StreamId other) {  // used on `other` too (record_stream), each stream once
+    if (other != stream && std::find(stream_uses.begin(), stream_uses.end(), other) == stream_uses.end()) {
+      stream_uses.push_back(other);
+    }
+  }
+  void forget_stream_uses() { stream_uses.clear(); }
 
   void* ptr() const { return reinterpret_cast<void*>(addr); }
   bool is_free() const { return !allocated && pending_events == 0; }

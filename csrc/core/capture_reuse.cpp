@@ -40,7 +40,7 @@ Block* StreamEvents::take_followed(StreamId stream) {
   if (it == deferred_.end()) return nullptr;
   Block* block = it->block;
   deferred_.erase(it);
-  block->stream_uses.clear();
+  block->forget_stream_uses();
   return block;
 }
 

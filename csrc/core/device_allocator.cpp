@@ -16,9 +16,7 @@ namespace gpumem {
 
 void DeviceAllocator::record_stream(Block* block, StreamId stream) {
   const WholeDevice whole(core_);
-  if (stream == block->stream) return;
-  auto& uses = block->stream_uses;
-  if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
+  block->use_on(stream);
 }
 
 void* DeviceAllocator::malloc_uncached(std::size_t size) {
@@ -126,7 +124,7 @@ void check_large_chunk(std::size_t bytes) {
   if (bytes > kMaxLargeChunk) {
     throw std::invalid_argument("gpumem: a chunk of " + std::to_string(bytes) + " bytes is larger than the largest, " +
                                 std::to_string(kMaxLargeChunk) + " bytes; accepted: 0 (pages) to " +
-                                format_bytes(kMaxLargeChunk));
+                                std::to_string(kMaxLargeChunk >> 20) + " MiB");
   }
 }
 

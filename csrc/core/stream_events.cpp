@@ -14,7 +14,7 @@ StreamEvents::~StreamEvents() {
 void StreamEvents::wait_for(Block* block) {
   block->pend(static_cast<int>(block->stream_uses.size()));
   for (StreamId s : block->stream_uses) pending_.push_back({block, backend_.record_event(device_, s)});
-  block->stream_uses.clear();
+  block->forget_stream_uses();
 }
 
 std::vector<Block*> StreamEvents::take_done() {

@@ -22,10 +22,13 @@ def pytest_configure(config):
     )
 
 
-# Tests run side by side (pytest-xdist) share the GPU. A whole_gpu test fills it, so it holds this
-# lock exclusively, and every other test of a test_gpu_ file holds it shared, over the test's whole
-# run: setup (module fixtures that start GPU processes too), call and teardown.
+# Tests run side by side (pytest-xdist) share the GPU. A whole_gpu test fills it, so it holds
+# GPU_LOCK exclusively, and every other test of a test_gpu_ file holds it shared, over the test's
+# whole run: setup (module fixtures that start GPU processes too), call and teardown. flock favours
+# no one, so a whole_gpu test first takes GPU_GATE, which every shared taker passes through
+# briefly: once it waits there, no new test starts, and it has the GPU when those running end.
 GPU_LOCK = os.path.join("/tmp", f"gpumem-tests-gpu-{os.getuid()}.lock")
+GPU_GATE = GPU_LOCK + ".gate"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -34,12 +37,18 @@ def pytest_runtest_protocol(item, nextitem):
     if not whole and not item.module.__name__.startswith("test_gpu_"):
         yield
         return
-    with open(GPU_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if whole else fcntl.LOCK_SH)
+    with open(GPU_GATE, "a") as gate, open(GPU_LOCK, "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if whole else fcntl.LOCK_SH)
+        finally:
+            if not whole:
+                fcntl.flock(gate, fcntl.LOCK_UN)
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @pytest.fixture

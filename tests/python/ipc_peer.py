@@ -379,9 +379,9 @@ def figures_receive(fd: str) -> None:
     torch.empty(1, device="cuda")  # the context, counted before anything arrives
     sender, (rebuild, args) = expect(conn, "the tensor")
     pids = [os.getpid(), sender]
+    deadline = time.monotonic() + WAIT / 2  # for all of it: the sender waits WAIT for "done"
 
     def shown_once_published() -> dict:  # figures are published on a timer: wait for this state's
-        deadline = time.monotonic() + WAIT
         while True:
             rows = top_rows(pids)
             if all(str(pid) in rows and "counted_bytes" in rows[str(pid)] for pid in pids) and \

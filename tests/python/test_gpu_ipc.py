@@ -187,10 +187,6 @@ def test_a_receiver_writing_in_place_through_a_queue_is_seen_by_the_sender(sende
     assert result["receiver_exit"] == 0, peer.stderr()
 
 
-# ---- a receiver the platform forbids to import: another user, pidfd_getfd refused -------------------
-
-# Growable memory goes as file descriptors the receiver takes with pidfd_getfd, which the kernel
-# refuses a process of another user. Native to native is PyTorch's own path and not gpumem's.
 # ---- whose figures hold received memory -------------------------------------------------------------
 
 @pytest.mark.parametrize("segments", ["growable", "plain"])
@@ -214,6 +210,10 @@ def test_received_memory_counts_for_the_sender_in_top_and_nowhere_in_the_receive
     assert after[sender]["allocated_bytes"] >= sent and after[sender]["used"] >= sent, after
 
 
+# ---- a receiver the platform forbids to import: another user, pidfd_getfd refused -------------------
+
+# Growable memory goes as file descriptors the receiver takes with pidfd_getfd, which the kernel
+# refuses a process of another user. Native to native is PyTorch's own path and not gpumem's.
 REFUSED = [("gpumem", "native"), ("gpumem", "gpumem"), ("native", "gpumem")]
 
 
