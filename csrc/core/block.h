@@ -129,7 +129,6 @@ struct Segment {
   Pool* pool = nullptr;
   bool small = false;            // small-pool segment
   bool growable = false;         // an address range mapped page by page (see core/growable_segments.cpp)
-  std::size_t mapped = 0;        // bytes backed by memory: `size` for a plain segment
   // The starts of a growable segment's physical allocations (chunks), each `chunk` bytes: each was
   // mapped by one Backend::map call and goes back whole (Note [physical chunks],
   // core/growable_segments.cpp). `size` is whole chunks.
@@ -144,19 +143,17 @@ struct Segment {
   // then nothing mapped yet), else plain (all of it mapped). SegmentTable::add makes each.
   Segment(std::uintptr_t at, std::size_t bytes, StreamId on, Pool* of, bool is_small, std::size_t chunk_bytes,
           std::uint64_t made, SegmentSource* goes_to, DeviceAllocator* owned_by)
-      : addr(at), size(bytes), stream(on), pool(of), small(is_small), growable(chunk_bytes > 0),
-        mapped(chunk_bytes > 0 ? 0 : bytes), chunk(chunk_bytes), serial(made), source(goes_to), owner(owned_by) {}
+      : addr(at), size(bytes), stream(on), pool(of), small(is_small), growable(chunk_bytes > 0), chunk(chunk_bytes),
+        serial(made), source(goes_to), owner(owned_by) {}
 
   void set_head(Block* first) { head = first; }
   // [at, at + bytes), whole chunks, mapped now / unmapped now (a growable segment's).
   void add_chunks(std::uintptr_t at, std::size_t bytes) {
     for (std::size_t done = 0; done < bytes; done += chunk) chunks.insert(at + done);
-    mapped += bytes;
   }
-  void remove_chunks(std::uintptr_t lo, std::uintptr_t hi) {
-    chunks.erase(chunks.lower_bound(lo), chunks.lower_bound(hi));
-    mapped -= hi - lo;
-  }
+  void remove_chunks(std::uintptr_t lo, std::uintptr_t hi) { chunks.erase(chunks.lower_bound(lo), chunks.lower_bound(hi)); }
+  // Bytes backed by memory: all of a plain segment, a growable one's chunks.
+  std::size_t mapped() const { return growable ? chunks.size() * chunk : size; }
 
   // A plain segment that is one free block: it can go back to the device whole.
   bool is_unused() const { return !growable && head->is_free() && head->size == size; }

@@ -256,7 +256,7 @@ bool GrowableSegments::holds_free_page(const Block* block) const {
 // times native's time to open (native maps its large pool in 20 MiB pages), in 16 MiB chunks less
 // than native's; the price is a coarser cap, since a chunk part of which is in use stays mapped
 // (cached), so a live block holds at most two chunks partly. The chunk table is the segment's
-// (Segment::chunks); Segment::mapped is its sum.
+// (Segment::chunks); Segment::mapped() is its sum.
 std::size_t GrowableSegments::chunk_for(bool small, std::size_t bytes) const {
   std::size_t chunk = page_size_;
   if (small) return chunk;
@@ -368,7 +368,7 @@ std::size_t GrowableSegments::unmap_until(const std::vector<Block*>& blocks, std
 void GrowableSegments::drop_empty() {
   std::vector<Segment*> empty;
   for (const auto& [addr, segment] : d_.segments) {
-    if (segment->growable && segment->mapped == 0 && d_.releasable_pool(*segment->pool)) empty.push_back(segment.get());
+    if (segment->growable && segment->mapped() == 0 && d_.releasable_pool(*segment->pool)) empty.push_back(segment.get());
   }
   for (Segment* s : empty) release_range(s);
 }

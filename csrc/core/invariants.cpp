@@ -74,23 +74,20 @@ void check_source(int device, const Segment& s, const SegmentSource* backend_sou
 }
 
 // A growable segment's chunks tile its mapped stretches: disjoint, all of the segment's chunk size
-// (whole pages, and the segment whole chunks), inside the segment, summing to its mapped bytes,
-// and none reaching into an unmapped block.
+// (whole pages, and the segment whole chunks), inside the segment, and none reaching into an
+// unmapped block (their sum, Segment::mapped(), is checked against the blocks in check_segment).
 void check_chunks(int device, const Segment& s, std::size_t page) {
   if (!s.growable) {
     if (!s.chunks.empty() || s.chunk != 0) broken(device, "plain segment with chunks", s.addr);
     return;
   }
   if (s.chunk == 0 || s.chunk % page != 0 || s.size % s.chunk != 0) broken(device, "growable segment is not whole chunks", s.addr);
-  std::size_t sum = 0;
   std::uintptr_t end = s.addr;
   for (const std::uintptr_t addr : s.chunks) {
     if (addr < end || (addr - s.addr) % s.chunk != 0) broken(device, "chunks overlap or are not the segment's chunks", addr);
     if (addr + s.chunk > s.addr + s.size) broken(device, "chunk reaches past its segment", addr);
     end = addr + s.chunk;
-    sum += s.chunk;
   }
-  if (sum != s.mapped) broken(device, "chunks do not sum to the segment's mapped bytes", s.addr);
   for (const Block* b = s.head; b; b = b->next) {
     if (b->mapped) continue;
     auto it = s.chunks.lower_bound(b->addr);
@@ -107,7 +104,7 @@ void check_segment(int device, const Segment& s, std::size_t page, Recount& r) {
     broken(device, "growable segment is not whole pages", s.addr);
   }
   increase_stat(r.stats.segment, s.small, 1);
-  increase_stat(r.stats.reserved_bytes, s.small, static_cast<std::int64_t>(s.mapped));
+  increase_stat(r.stats.reserved_bytes, s.small, static_cast<std::int64_t>(s.mapped()));
   std::size_t total = 0, unmapped = 0;
   for (const Block* b = s.head; b; b = b->next) {
     check_block(device, s, b);
@@ -125,7 +122,7 @@ void check_segment(int device, const Segment& s, std::size_t page, Recount& r) {
     count_block(r, *b, s.small, s.growable);
   }
   if (total != s.size) broken(device, "block sizes do not sum to the segment size", s.addr);
-  if (s.mapped != s.size - unmapped) broken(device, "mapped bytes differ from the segment less its unmapped blocks", s.addr);
+  if (s.mapped() != s.size - unmapped) broken(device, "mapped bytes differ from the segment less its unmapped blocks", s.addr);
   check_chunks(device, s, page);
 }
 
