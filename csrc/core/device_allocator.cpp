@@ -27,7 +27,8 @@ void* DeviceAllocator::malloc_uncached(std::size_t size) {
       if (void* ptr = core_.malloc_uncached(size, asking)) return ptr;
     }
     // Memory on its way back may make room (core/departures.h), or the others sharing the GPU.
-    if (!core_.ask_neighbours(asking)) core_.wait_for_departures();
+    const std::size_t bytes = asking.need.device_bytes;
+    if (!core_.ask_neighbours(asking, [this, bytes] { return core_.device_lacks(bytes); })) core_.wait_for_departures();
   }
 }
 
@@ -51,6 +52,28 @@ void DeviceAllocator::empty_cache(PoolId pool) {
   }
   if (!departing.empty()) core_.give_back(departing);
   if (error) std::rethrow_exception(error);
+}
+
+std::size_t DeviceAllocator::release_for_others(std::size_t bytes) {
+  std::size_t released = 0;
+  while (released < bytes) {
+    std::vector<Departure> departing;
+    std::size_t step = 0;
+    std::exception_ptr error;
+    {
+      const WholeDevice whole(core_);
+      try {
+        step = core_.release_for_others(std::min(bytes - released, kReleaseStep), &departing);
+      } catch (...) {
+        error = std::current_exception();  // what was taken out of the tables still goes back
+      }
+    }
+    if (!departing.empty()) core_.give_back(departing);
+    if (error) std::rethrow_exception(error);
+    if (step == 0) break;
+    released += step;
+  }
+  return released;
 }
 
 // ---- the limit ----

@@ -60,6 +60,12 @@ class DeviceAllocator {
   // capturing) and of every private pool nobody holds. A private pool's id: that pool's, and only
   // if nobody holds it. A held pool's cache is never released.
   void empty_cache(PoolId pool = {});
+  // For another process sharing the GPU (sharing/member.cpp): the default pool's largest cached
+  // blocks until `bytes` went back (no more whole chunks than that needs), a step of at most
+  // kReleaseStep at a time under the whole device, so that this process's own threads allocate in
+  // between; nothing while a graph may be capturing. Returns the bytes released.
+  std::size_t release_for_others(std::size_t bytes);
+  static constexpr std::size_t kReleaseStep = std::size_t{4} << 30;
 
   // ---- the limit ----
   // The limit in bytes; nullopt lifts it (the device's total applies). Lowering releases cached

@@ -17,6 +17,16 @@ namespace gpumem {
 
 namespace {
 
+// Plain segments released while it lives go to `departing`, and back to the backend later
+// (DeviceCore::give_back), with no lock held.
+struct Deferring {
+  PlainSegments& plain;
+  Deferring(PlainSegments& p, std::vector<Departure>* departing) : plain(p) { plain.defer_to(departing); }
+  ~Deferring() { plain.defer_to(nullptr); }
+  Deferring(const Deferring&) = delete;
+  Deferring& operator=(const Deferring&) = delete;
+};
+
 // Whether handing out `size` bytes of free `block` cuts it: the rest is worth keeping and the pool
 // splits blocks (its no_split is read only when a split is due).
 bool cuts(const Block& block, std::size_t size) {
@@ -121,26 +131,25 @@ Block* DeviceCore::malloc(std::size_t requested, StreamId stream, std::size_t at
   Asking asking;
   for (;;) {
     if (Block* block = malloc_on_device(size, requested, stream, asking)) return block;
-    if (!ask_neighbours(asking)) d_.departing.wait();
+    if (!ask_neighbours(asking, [&] { return map_ahead(size, stream); })) d_.departing.wait();
   }
 }
 
-bool DeviceCore::ask_neighbours(Asking& asking) {
+bool DeviceCore::ask_neighbours(Asking& asking, const StillNeeded& still_needed) {
   if (!asking.hooks) return false;
   struct Done {  // set_share(nullptr) waits for this count to reach zero before the hooks go
     std::atomic<int>& in_flight;
     ~Done() { in_flight.fetch_sub(1, std::memory_order_release); }
   } done{asks_in_flight_};
   ShareHooks* hooks = std::exchange(asking.hooks, nullptr);
-  hooks->ask(std::exchange(asking.budget_needed, 0));
+  hooks->ask(std::exchange(asking.need, {}), still_needed);
   asking.asked = true;
   return true;
 }
 
 // Under the whole device: the hooks to ask, once a request (nullptr where nobody shares the GPU
-// or they were asked already), counted in flight until asked. With `budget_needed`, only the
-// shared ceiling stood in the way: the budget the request needs.
-ShareHooks* DeviceCore::hooks_to_ask(Asking& asking, std::size_t budget_needed) {
+// or they were asked already), counted in flight until asked, with what the request needs.
+ShareHooks* DeviceCore::hooks_to_ask(Asking& asking, AskFor need) {
   if (!share_ || asking.asked) return nullptr;
   const int process = static_cast<int>(::getpid());
   if (asks_process_ != process) {  // a forked child: its parent's asks are not its own
@@ -149,12 +158,28 @@ ShareHooks* DeviceCore::hooks_to_ask(Asking& asking, std::size_t budget_needed) 
   }
   asks_in_flight_.fetch_add(1, std::memory_order_acq_rel);
   asking.hooks = share_;
-  asking.budget_needed = budget_needed;
+  asking.need = need;
   return asking.hooks;
 }
 
 bool DeviceCore::asks_in_flight() const {
   return asks_process_ == static_cast<int>(::getpid()) && asks_in_flight_.load(std::memory_order_acquire) > 0;
+}
+
+std::size_t DeviceCore::map_ahead(std::size_t size, StreamId stream) {
+  const WholeDevice whole(*this);
+  if (d_.capturing()) return size;  // the retry after the wait decides
+  Request r{&pool_for(stream), is_small(size), stream, size};
+  if (!sources_.growable.serves(*r.pool)) return device_lacks(sources_.serving(*r.pool).growth_for(size));
+  d_.arena_for(stream).keep_one();
+  const std::size_t lacking = sources_.growable.map_ahead(r, d_.backend.mem_info(d_.device).free);
+  debug_check();
+  return lacking;
+}
+
+std::size_t DeviceCore::device_lacks(std::size_t bytes) const {
+  const std::size_t free = d_.backend.mem_info(d_.device).free;
+  return bytes > free ? bytes - free : 0;
 }
 
 [[gnu::noinline]] Block* DeviceCore::malloc_on_device(std::size_t size, std::size_t requested, StreamId stream,
@@ -177,7 +202,7 @@ bool DeviceCore::asks_in_flight() const {
   measure_outside();
   if (!fits_under(allocated(), size, d_.accounts.cap().budget())) {
     // Only the others' floors and tensors stand in the way: they are asked for fresh figures.
-    if (fits_under(allocated(), size, d_.accounts.cap().hard_budget()) && hooks_to_ask(asking, allocated() + size)) {
+    if (fits_under(allocated(), size, d_.accounts.cap().hard_budget()) && hooks_to_ask(asking, {allocated() + size, 0})) {
       return nullptr;
     }
     throw_oom(requested, size);
@@ -198,7 +223,9 @@ bool DeviceCore::asks_in_flight() const {
   }
   if (retried) d_.accounts.retried();
   if (!block && d_.departing.bytes() > 0) return nullptr;  // malloc waits for it and calls again
-  if (!block && r.device_refused && hooks_to_ask(asking)) return nullptr;  // malloc asks, calls again
+  if (!block && r.device_refused && hooks_to_ask(asking, {0, sources_.serving(*r.pool).growth_for(size)})) {
+    return nullptr;  // malloc asks, calls again
+  }
   if (!block) throw_oom(requested, size, r.device_refused);
   block = place(block, size, requested, nullptr);
   if (release_.threshold() > 0.0) release_.apply_threshold();
@@ -378,7 +405,7 @@ void* DeviceCore::malloc_uncached(std::size_t requested, Asking& asking) {
   // New memory, as a growth of the chain is: the others are asked where their floors stand in the
   // way, or the device refuses.
   if (!fits_under(allocated(), bytes, d_.accounts.cap().budget())) {
-    if (fits_under(allocated(), bytes, d_.accounts.cap().hard_budget()) && hooks_to_ask(asking, allocated() + bytes)) {
+    if (fits_under(allocated(), bytes, d_.accounts.cap().hard_budget()) && hooks_to_ask(asking, {allocated() + bytes, 0})) {
       return nullptr;
     }
     throw_oom(requested, bytes);
@@ -391,7 +418,7 @@ void* DeviceCore::malloc_uncached(std::size_t requested, Asking& asking) {
     ptr = uncached_.reserve(d_.accounts, bytes, requested, device_refused);
   }
   if (!ptr && d_.departing.bytes() > 0) return nullptr;  // the facade waits for it and calls again
-  if (!ptr && device_refused && hooks_to_ask(asking)) return nullptr;  // the facade asks, calls again
+  if (!ptr && device_refused && hooks_to_ask(asking, {0, bytes})) return nullptr;  // the facade asks, calls again
   if (!ptr) throw_oom(requested, bytes, device_refused);
   debug_check();
   return ptr;
@@ -406,11 +433,7 @@ bool DeviceCore::free_uncached(void* ptr) {
 // ---- giving back, and private pools ----
 
 void DeviceCore::empty_cache(PoolId id, std::vector<Departure>* departing) {
-  struct Deferring {
-    PlainSegments& plain;
-    ~Deferring() { plain.defer_to(nullptr); }
-  } deferring{sources_.plain};
-  sources_.plain.defer_to(departing);
+  const Deferring deferring(sources_.plain, departing);
   if (!id.is_default()) {
     empty_pool_cache(id);
   } else if (!d_.capturing()) {
@@ -423,6 +446,19 @@ void DeviceCore::empty_cache(PoolId id, std::vector<Departure>* departing) {
   }
   d_.pools.erase_dead();
   debug_check();
+}
+
+std::size_t DeviceCore::release_for_others(std::size_t need, std::vector<Departure>* departing) {
+  if (d_.capturing()) return 0;
+  const Deferring deferring(sources_.plain, departing);
+  if (events_.waiting()) {  // what the program freed on other streams goes back too
+    d_.backend.synchronize(d_.device);
+    process_events();
+  }
+  const std::size_t released = release_.for_others(need);
+  sources_.growable.drop_empty();
+  debug_check();
+  return released;
 }
 
 // The second half of an empty_cache that deferred segments: each goes to its source with no lock

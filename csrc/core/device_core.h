@@ -29,6 +29,7 @@
 #include "core/errors.h"
 #include "core/process_scope.h"
 #include "core/release.h"
+#include "core/share_hooks.h"
 #include "core/sources.h"
 #include "core/split_merge.h"
 #include "core/stream_events.h"
@@ -92,7 +93,7 @@ class DeviceCore {
   // held (ask_neighbours) and calls the chain again.
   struct Asking {
     ShareHooks* hooks = nullptr;  // to be asked; counted in asks_in_flight_ until then
-    std::size_t budget_needed = 0;  // where only the shared ceiling refused: the budget the request needs
+    AskFor need;
     bool asked = false;
   };
 
@@ -104,12 +105,22 @@ class DeviceCore {
   // sharing the GPU are to be asked (ask_neighbours): then call again with the same `asking`.
   void* malloc_uncached(std::size_t size, Asking& asking);
   // Asks the hooks `asking` holds, with no allocator lock held; false if it holds none.
-  bool ask_neighbours(Asking& asking);
+  // `still_needed` (ShareHooks::ask) is what the request still lacks on the device.
+  bool ask_neighbours(Asking& asking, const StillNeeded& still_needed);
+  // A request of `size` bytes (rounded) on `stream` the device refused, while the others give memory
+  // back: maps what the device holds now of its growth (growable segments) and returns the bytes it
+  // still lacks on the device, 0 once it can be served. Takes the whole device.
+  std::size_t map_ahead(std::size_t size, StreamId stream);
+  // The same for memory handed out while caching is off: `bytes` lacks what the device lacks.
+  std::size_t device_lacks(std::size_t bytes) const;
   bool free_uncached(void* ptr);
   // With `departing`, the backend's plain segments it releases go there instead of to the backend
   // (core/departures.h); give_back, called with no lock held, then gives them back.
   void empty_cache(PoolId pool, std::vector<Departure>* departing = nullptr);
   void give_back(const std::vector<Departure>& departing);
+  // DeviceAllocator::release_for_others's step: `need` bytes of the default pool's cache, largest
+  // first, plain segments deferred to `departing` as empty_cache's are.
+  std::size_t release_for_others(std::size_t need, std::vector<Departure>* departing);
   void set_limit(std::size_t limit);
   void set_scope(LimitScope scope);
   void end_target(PoolId pool);
@@ -172,7 +183,7 @@ class DeviceCore {
   // The chain and the free under the whole device (what the lanes could not serve).
   Block* malloc_waiting(std::size_t size, std::size_t requested, StreamId stream);
   Block* malloc_on_device(std::size_t size, std::size_t requested, StreamId stream, Asking& asking);
-  ShareHooks* hooks_to_ask(Asking& asking, std::size_t budget_needed = 0);
+  ShareHooks* hooks_to_ask(Asking& asking, AskFor need);
   void free_on_device(Block* block);
   // What the lanes may serve while nothing holds the whole device: a cached malloc while no graph
   // captures and no block pends on a stream; a cached free while no graph captures, no release

@@ -184,14 +184,54 @@ Block* GrowableSegments::map_front(Request& r, Block* unmapped) {
   return merge_free_neighbours(unmapped, segment.pool->blocks_for(small), d_.arena_for(segment.stream)).block;
 }
 
-// Unmaps the whole chunks inside `block` (cached, in a growable segment); the parts of chunks at its
-// ends stay mapped as cached blocks of their own. Returns the bytes unmapped. The device must be
-// synchronized.
-std::size_t GrowableSegments::unmap_block(Block* block) {
+// Design note [mapping while the others release]. A request the device refuses while other
+// processes sharing the GPU cache memory asks them for what the device lacks (sharing/member.cpp);
+// each gives back its largest cached blocks, chunk by chunk. Mapping the request's own memory
+// (a physical allocation, a map and an access grant per chunk) costs about as much as that release,
+// so waiting for it to end and then mapping would take the sum of the two. Instead, while the others
+// release, the request maps the chunks the device holds now of the very growth grow() would make:
+// the same segment and hole (choose_unmapped, or a new range), from its front, as cached memory that
+// grow() later joins. What the device had free from the start is mapped at once, and the rest as it
+// comes back, so the request ends about when the others' release does. If the request fails after
+// all, what was mapped stays cached (counted under the cap), as any memory a growth left.
+std::size_t GrowableSegments::map_ahead(Request& r, std::size_t device_free) {
+  const std::size_t chunk = chunk_for(r.small, round_up(r.size, page_size_));
+  Block* unmapped = choose_unmapped(r, chunk).block;
+  const bool fresh = unmapped == nullptr;
+  if (fresh && device_free < chunk) return round_up(r.size, chunk);
+  if (fresh) unmapped = reserve_range(r, chunk);
+  if (!unmapped) return round_up(r.size, chunk);
+  Segment& segment = *unmapped->segment;
+  const bool small = segment.small;
+  const std::size_t before = unmapped->prev && unmapped->prev->is_cached() ? unmapped->prev->size : 0;
+  if (before >= r.size) return 0;
+  const std::size_t need = std::min(round_up(r.size - before, chunk), unmapped->size);
+  const std::size_t bytes = std::min(need, device_free / chunk * chunk);
+  const bool mapped = bytes > 0 && d_.accounts.map_pages(r.device_refused, small, bytes, [&] {
+    return map_chunks(segment, unmapped->addr, bytes);
+  });
+  if (!mapped) {
+    if (fresh) release_range(&segment);
+    return need;
+  }
+  FreeBlocks& unmapped_set = segment.pool->unmapped_for(small);
+  unmapped_set.erase(unmapped);
+  if (bytes < unmapped->size) unmapped_set.insert(split_block(unmapped, bytes, d_.arena_for(segment.stream)));
+  unmapped->set_mapped(true);
+  FreeBlocks& cached = segment.pool->blocks_for(small);
+  cached.insert(merge_free_neighbours(unmapped, cached, d_.arena_for(segment.stream)).block);
+  return need - bytes;
+}
+
+// Unmaps the whole chunks inside `block` (cached, in a growable segment), or the last of them that
+// hold `most` bytes; the parts of chunks at its ends, and the chunks kept, stay mapped as cached
+// blocks of their own. Returns the bytes unmapped. The device must be synchronized.
+std::size_t GrowableSegments::unmap_block(Block* block, std::size_t most) {
   Segment& segment = *block->segment;
   const bool small = segment.small;
-  const auto [lo, hi] = chunks_inside(block);
+  auto [lo, hi] = chunks_inside(block);
   if (hi <= lo) return 0;
+  if (most < hi - lo) lo = hi - round_up(most, segment.chunk);
   d_.backend.unmap(d_.device, reinterpret_cast<void*>(lo), hi - lo);
   segment.remove_chunks(lo, hi);
   d_.accounts.unmap_pages(small, hi - lo);
@@ -299,7 +339,7 @@ std::size_t GrowableSegments::release(std::size_t bytes, ReleaseOrder order) {
   if (blocks.empty()) return 0;
   if (order == ReleaseOrder::kForRequest) std::stable_sort(blocks.begin(), blocks.end(), larger);
   d_.backend.synchronize(d_.device);  // not counted: Note [what num_sync_all_streams counts] (core/release.h)
-  return unmap_until(blocks, bytes);
+  return unmap_until(blocks, bytes, order == ReleaseOrder::kForRequest);
 }
 
 // Design note [what a growth past the high mark looks at]. A growth past the high mark unmaps
@@ -355,11 +395,13 @@ Block* GrowableSegments::next_cached(StreamId stream, largest_first::Position at
   return next;
 }
 
-std::size_t GrowableSegments::unmap_until(const std::vector<Block*>& blocks, std::size_t bytes) {
+// With `exact`, the last block gives only the chunks still needed: a request (of this process or
+// of another, core/release.h) gets what it lacks and one chunk more at most, not a whole cache.
+std::size_t GrowableSegments::unmap_until(const std::vector<Block*>& blocks, std::size_t bytes, bool exact) {
   std::size_t unmapped = 0;
   for (Block* b : blocks) {
     if (unmapped >= bytes) break;
-    unmapped += unmap_block(b);
+    unmapped += unmap_block(b, exact ? bytes - unmapped : SIZE_MAX);
   }
   return unmapped;
 }

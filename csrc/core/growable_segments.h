@@ -40,9 +40,15 @@ class GrowableSegments final : public MemorySource {
   // Maps the pages a request lacks at the end of a free block, or in a new address range; where
   // no address range can be had, a plain segment.
   Block* grow(Request& r) override;
+  // While the others sharing the GPU give memory back for `r`, which the device refused: maps the
+  // whole chunks of the growth grow() would make that `device_free` bytes hold, as cached memory
+  // where that growth joins it. Returns the bytes the growth still lacks, 0 once r can be served from
+  // the cache. Note [mapping while the others release].
+  std::size_t map_ahead(Request& r, std::size_t device_free);
   std::size_t growth_for(std::size_t size) const override { return round_up(size, page_size_); }
-  // Unmaps free pages, oldest segment first or largest free blocks first; nothing while a graph
-  // may be capturing. Synchronizes the device once, before the first page goes.
+  // Unmaps free pages, oldest segment first or largest free blocks first (then no more whole chunks
+  // than `bytes` needs); nothing while a graph may be capturing. Synchronizes the device once,
+  // before the first page goes.
   std::size_t release(std::size_t bytes, ReleaseOrder order) override;
   // Gives back the address ranges with no page mapped.
   void drop_empty() override;
@@ -71,13 +77,13 @@ class GrowableSegments final : public MemorySource {
   std::pair<std::uintptr_t, std::uintptr_t> chunks_inside(const Block* block) const;
   Block* reserve_range(const Request& r, std::size_t chunk);
   Block* map_front(Request& r, Block* unmapped);
-  std::size_t unmap_block(Block* block);
+  std::size_t unmap_block(Block* block, std::size_t most = SIZE_MAX);
   bool holds_free_page(const Block* block) const;
   std::vector<Block*> unmappable_blocks() const;
   std::size_t unmap_stream_pages(StreamId stream, std::size_t bytes, std::array<const Block*, 2> keep);
   Block* next_unmappable(StreamId stream, largest_first::Position at, std::array<const Block*, 2> keep) const;
   Block* next_cached(StreamId stream, largest_first::Position at) const;
-  std::size_t unmap_until(const std::vector<Block*>& blocks, std::size_t bytes);
+  std::size_t unmap_until(const std::vector<Block*>& blocks, std::size_t bytes, bool exact);
   void release_range(Segment* segment);
 
   DeviceState& d_;

@@ -23,16 +23,16 @@ CacheRelease::CacheRelease(DeviceState& d, Sources& sources, double threshold)
 
 bool CacheRelease::oldest_until(std::size_t reserved_target) {
   const std::size_t reserved = d_.accounts.cap().reserved();
-  return reserved > reserved_target && bytes(reserved - reserved_target, ReleaseOrder::kOldest);
+  return reserved > reserved_target && bytes(reserved - reserved_target, ReleaseOrder::kOldest) > 0;
 }
 
-// Asks both sources, plain first, for `need` bytes in `order`; true (and counted) if any went.
-bool CacheRelease::bytes(std::size_t need, ReleaseOrder order) {
+// Asks both sources, plain first, for `need` bytes in `order`; the bytes that went (counted once
+// if any).
+std::size_t CacheRelease::bytes(std::size_t need, ReleaseOrder order) {
   std::size_t freed = sources_.plain.release(need, order);
   if (freed < need) freed += sources_.growable.release(need - freed, order);
-  if (freed == 0) return false;
-  d_.accounts.released_cache();
-  return true;
+  if (freed > 0) d_.accounts.released_cache();
+  return freed;
 }
 
 bool CacheRelease::all_unused() {
@@ -46,7 +46,7 @@ bool CacheRelease::for_request(const Request& r) {
   // Reserved may stand above a lowered limit: the shortfall counts from there, not from zero headroom.
   const std::size_t after = d_.accounts.cap().reserved() + bytes_added, limit = d_.accounts.cap().budget();
   const std::size_t need = r.device_refused ? bytes_added : (after > limit ? after - limit : 0);
-  return need > 0 && bytes(need, ReleaseOrder::kForRequest);
+  return need > 0 && bytes(need, ReleaseOrder::kForRequest) > 0;
 }
 
 void CacheRelease::over_limit() {

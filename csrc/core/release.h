@@ -45,6 +45,9 @@ class CacheRelease {
   // Room for `r`: under the cap, what the cap lacks for the memory the request would add; when the
   // device itself refused, as much as that memory (its free memory is not the cap's to know).
   bool for_request(const Request& r);
+  // For another process sharing the GPU (sharing/member.cpp): `need` bytes, largest cached first,
+  // no more whole chunks (growable) than that needs; returns the bytes released.
+  std::size_t for_others(std::size_t need) { return bytes(need, ReleaseOrder::kForRequest); }
   // Down to the budget, outside a capture (Note [reserved above a lowered limit]).
   void over_limit();
   // After a free under the whole device: what the limit or the release threshold asks, if the free
@@ -62,7 +65,7 @@ class CacheRelease {
   bool unheld_pools_cache();
 
  private:
-  bool bytes(std::size_t need, ReleaseOrder order);
+  std::size_t bytes(std::size_t need, ReleaseOrder order);
 
   DeviceState& d_;
   Sources& sources_;

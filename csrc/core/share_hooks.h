@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,15 +14,27 @@
 
 namespace gpumem {
 
+// What a request asks the others for.
+struct AskFor {
+  std::size_t budget_needed = 0;  // only the shared ceiling refused: the budget the request needs
+  std::size_t device_bytes = 0;   // the device refused: the bytes the request's growth needs of it
+};
+
+// While the others give memory back, the request maps what the device holds for it so far (Note
+// [mapping while the others release], core/growable_segments.cpp) and says what it still lacks on the
+// device: 0 once it can be served. Called with no allocator lock held; takes the whole device itself.
+using StillNeeded = std::function<std::size_t()>;
+
 class ShareHooks {
  public:
   virtual ~ShareHooks() = default;
-  // A request found the device full (budget_needed 0), or the shared ceiling in the way of the
-  // budget it needs (`budget_needed`): refreshes the ceiling and, unless that lifts
-  // it to what is needed, asks the other processes to give back free cache, waits for their
-  // answers (a bounded wait), and refreshes it again. Called with no allocator lock held; the
-  // request is tried once more after it. Never throws.
-  virtual void ask(std::size_t budget_needed) noexcept = 0;
+  // A request found the device full (need.device_bytes), or the shared ceiling in the way of the
+  // budget it needs (need.budget_needed): refreshes the ceiling and, unless that lifts it to what
+  // is needed, asks the other processes to give back free cache (for a device refusal, what the
+  // device lacks, largest cached blocks first), and waits a bounded time for their answers or for
+  // `still_needed` to report 0, calling it as memory comes back. Called with no allocator lock
+  // held; the request is tried once more after it. Never throws.
+  virtual void ask(const AskFor& need, const StillNeeded& still_needed) noexcept = 0;
   // For the out-of-memory message, under the whole device (it reads memory and waits on nothing):
   // who holds how much and what could not be asked; `on_device`: the processes the driver lists on
   // the GPU (Backend::processes_on), empty where it cannot.

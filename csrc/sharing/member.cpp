@@ -36,7 +36,8 @@ std::size_t DeviceHost::in_use() {
   const std::int64_t bytes = device_.stats().allocated_bytes[kAll].current;
   return bytes > 0 ? static_cast<std::size_t>(bytes) : 0;
 }
-std::size_t DeviceHost::give_back() {
+std::size_t DeviceHost::give_back(std::size_t bytes) {
+  if (bytes < SIZE_MAX) return device_.release_for_others(bytes);
   const std::size_t before = device_.reserved();
   device_.empty_cache();
   const std::size_t after = device_.reserved();
@@ -194,7 +195,10 @@ void ShareClient::follow_now() {
   // cannot silence it.
   const bool asked = j.table->asks_of(j.index, asks) && asks != answered_.load(std::memory_order_relaxed);
   if (asked) {
-    given_back_.fetch_add(host_.give_back(), std::memory_order_relaxed);
+    std::size_t wanted = 0;
+    if (j.table->take_wanted(j.index, wanted) && wanted > 0) {
+      given_back_.fetch_add(host_.give_back(wanted), std::memory_order_relaxed);
+    }
     asks_served_.fetch_add(1, std::memory_order_relaxed);
   }
   publish(j);
@@ -228,46 +232,107 @@ void ShareClient::respond_loop() {
 
 // ---- asking ----
 
-void ShareClient::ask(std::size_t budget_needed) noexcept {
+void ShareClient::ask(const AskFor& need, const StillNeeded& still_needed) noexcept {
   try {
     // Where only the ceiling refused, a fresh one may be enough (its last round was up to a poll
     // ago): the others are asked only if it is not.
-    if (budget_needed > 0 && !forked() && refresh_ceiling(joined()) >= budget_needed) return;
-    ask_others();
+    if (need.budget_needed > 0 && !forked() && refresh_ceiling(joined()) >= need.budget_needed) return;
+    ask_others(need.device_bytes, still_needed);
   } catch (...) {
     // Nothing was given back: the request fails as it would have alone.
   }
 }
 
-bool ShareClient::ask_others() {
+// Note [handing memory over while it is released]. A request the device refused needs what the
+// device lacks, not the others' whole caches. So the asker asks for that many bytes, split over
+// the members that cache most first (their published reserved less in use), and each gives back
+// its largest cached blocks until it released its share, a chunk more at most, a step at a time
+// (DeviceAllocator::release_for_others). Meanwhile the asker calls still_needed, which maps the
+// memory the device holds by then of the request's own growth (Note [mapping while the others
+// release], core/growable_segments.cpp), so that its mapping overlaps their release: the wait
+// ends once still_needed reports 0, or once every member asked has answered and a call after the
+// answers still lacks memory. Where the figures the split came from were stale (a member gave
+// less than its share), the asker asks again for what it still lacks, kAskRounds times at most,
+// all within one ask_wait. Without a byte count (a floor, or the shared ceiling in the way), each
+// member gives back all of its cache.
+namespace {
+constexpr int kAskRounds = 3;
+std::size_t cache_of(const SlotCopy& c) { return c.reserved - c.in_use; }  // in_use <= reserved as read
+}  // namespace
+
+bool ShareClient::ask_others(std::size_t device_bytes, const StillNeeded& still_needed) {
   if (forked()) return false;
   const Joined j = joined();
-  const std::vector<SlotCopy> copies = others(j);
+  std::vector<SlotCopy> copies = others(j);
   asks_made_.fetch_add(1, std::memory_order_relaxed);
-  struct Asked {
-    std::uint32_t index;
-    std::uint32_t wanted;
-  };
-  std::vector<Asked> waited;
-  {
-    const std::lock_guard<std::mutex> guard(slow_mutex_);
-    for (const SlotCopy& c : copies) {
-      std::uint32_t wanted = 0;
-      if (!j.table->ask(c.index, wanted)) continue;
-      // A member that let an earlier ask time out is not waited for again until it answered that
-      // one: a stopped or silent process costs one wait, not one a request.
-      const auto slow = std::find_if(slow_.begin(), slow_.end(), [&](const auto& s) { return s.first == c.index; });
-      if (slow != slow_.end() && !reached(c.served, slow->second)) continue;
-      if (slow != slow_.end()) slow_.erase(slow);
-      waited.push_back({c.index, wanted});
-    }
-  }
-  publish(j);
   if (copies.empty()) {  // nobody to ask; the ceiling may still be of members that left
+    publish(j);
     refresh_ceiling(j);
     return false;
   }
   const auto deadline = std::chrono::steady_clock::now() + options_.ask_wait;
+  const bool counted = device_bytes > 0 && still_needed;
+  std::size_t lacking = SIZE_MAX;
+  if (counted) {
+    const std::optional<MemInfo> mem = host_.mem_info();
+    lacking = mem && mem->free < device_bytes ? device_bytes - mem->free : device_bytes;
+  }
+  for (int round = 1;; ++round) {
+    std::vector<Asked> waited = ask_round(j, copies, lacking);
+    publish(j);
+    const bool answered = wait_for(j, waited, deadline, counted ? &still_needed : nullptr, lacking);
+    if (!counted || lacking == 0 || !answered || round == kAskRounds) break;
+    copies = others(j);  // fresh figures: those answered publish theirs before they mark the answer
+    std::size_t cached = 0;
+    for (const SlotCopy& c : copies) cached = saturating_add(cached, cache_of(c));
+    if (cached == 0) break;
+  }
+  refresh_ceiling(j);
+  return true;
+}
+
+std::vector<ShareClient::Asked> ShareClient::ask_round(const Joined& j, const std::vector<SlotCopy>& copies,
+                                                      std::size_t lacking) {
+  std::vector<std::pair<const SlotCopy*, std::size_t>> shares;
+  if (lacking == SIZE_MAX) {
+    for (const SlotCopy& c : copies) shares.emplace_back(&c, SIZE_MAX);
+  } else {
+    std::vector<const SlotCopy*> order;
+    for (const SlotCopy& c : copies) order.push_back(&c);
+    std::stable_sort(order.begin(), order.end(), [](const SlotCopy* a, const SlotCopy* b) { return cache_of(*a) > cache_of(*b); });
+    std::size_t left = lacking;
+    for (const SlotCopy* c : order) {
+      const std::size_t share = std::min(cache_of(*c), left);
+      if (share == 0) break;
+      shares.emplace_back(c, share);
+      left -= share;
+    }
+    // What the figures do not place goes to the member caching most: its figures may be a poll old.
+    if (left > 0 && !order.empty()) {
+      if (shares.empty()) shares.emplace_back(order.front(), 0);
+      shares.front().second = saturating_add(shares.front().second, left);
+    }
+  }
+  std::vector<Asked> waited;
+  const std::lock_guard<std::mutex> guard(slow_mutex_);
+  for (const auto& [c, bytes] : shares) {
+    std::uint32_t wanted = 0;
+    if (!j.table->ask(c->index, bytes, wanted)) continue;
+    // A member that let an earlier ask time out is not waited for again until it answered that
+    // one: a stopped or silent process costs one wait, not one a request.
+    const auto slow = std::find_if(slow_.begin(), slow_.end(), [&](const auto& s) { return s.first == c->index; });
+    if (slow != slow_.end() && !reached(c->served, slow->second)) continue;
+    if (slow != slow_.end()) slow_.erase(slow);
+    waited.push_back({c->index, wanted});
+  }
+  return waited;
+}
+
+// Waits for the members in `waited` to answer, calling `still_needed` (if any) meanwhile and once
+// after the last answer, its figure in `lacking`. True once they all answered or it reports 0;
+// false at the deadline (those that did not answer are noted slow).
+bool ShareClient::wait_for(const Joined& j, std::vector<Asked>& waited, std::chrono::steady_clock::time_point deadline,
+                           const StillNeeded* still_needed, std::size_t& lacking) {
   for (;;) {
     std::vector<Asked> unanswered;
     for (const Asked& a : waited) {
@@ -277,17 +342,22 @@ bool ShareClient::ask_others() {
       if (j.table->served(a.index, served) && reached(served, a.wanted)) continue;
       unanswered.push_back(a);
     }
-    if (unanswered.empty()) break;
+    waited.swap(unanswered);
+    const std::size_t before = lacking;
+    if (still_needed) {
+      lacking = (*still_needed)();
+      if (lacking == 0) return true;
+    }
+    if (waited.empty()) return true;
     if (std::chrono::steady_clock::now() >= deadline) {
       asks_timed_out_.fetch_add(1, std::memory_order_relaxed);
       const std::lock_guard<std::mutex> guard(slow_mutex_);
-      for (const Asked& a : unanswered) slow_.emplace_back(a.index, a.wanted);
-      break;
+      for (const Asked& a : waited) slow_.emplace_back(a.index, a.wanted);
+      return false;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // Memory came back and was mapped: look again at once; else a short nap.
+    if (lacking >= before) std::this_thread::sleep_for(std::chrono::microseconds(still_needed ? 200 : 1000));
   }
-  refresh_ceiling(j);
-  return true;
 }
 
 // ---- floors ----

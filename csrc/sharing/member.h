@@ -37,8 +37,9 @@ class ShareHost {
   virtual ~ShareHost() = default;
   virtual std::size_t reserved() = 0;
   virtual std::size_t in_use() = 0;
-  // Gives back free cached memory only (empty_cache); returns the bytes that went.
-  virtual std::size_t give_back() = 0;
+  // Gives back free cached memory only: `bytes` of it, largest first (SIZE_MAX: all of it, as
+  // empty_cache does); returns the bytes that went.
+  virtual std::size_t give_back(std::size_t bytes) = 0;
   virtual void set_ceiling(std::size_t bytes) = 0;
   // The device's figures; nullopt while a graph may be capturing (the call is not allowed then).
   virtual std::optional<MemInfo> mem_info() = 0;
@@ -49,7 +50,7 @@ class DeviceHost final : public ShareHost {
   explicit DeviceHost(DeviceAllocator& device) : device_(device) {}
   std::size_t reserved() override;
   std::size_t in_use() override;
-  std::size_t give_back() override;
+  std::size_t give_back(std::size_t bytes) override;
   void set_ceiling(std::size_t bytes) override;
   std::optional<MemInfo> mem_info() override;
 
@@ -109,15 +110,18 @@ class ShareClient final : public ShareHooks {
   FloorGrant set_floor(std::size_t bytes);
   std::size_t floor() const { return floor_.load(std::memory_order_relaxed); }
   ShareStatus status();
-  // Asks every other member to give back free cache and waits, at most options.ask_wait, for those
-  // that answer; false if there was nobody to ask.
-  bool ask_others();
+  // Asks the other members to give back free cache and waits, at most options.ask_wait, for those
+  // that answer; false if there was nobody to ask. With `device_bytes` (a request the device
+  // refused), only what the device lacks, of the members caching most first, and the wait also
+  // ends once `still_needed` reports 0 (Note [handing memory over while it is released]); else all
+  // of their cache.
+  bool ask_others(std::size_t device_bytes = 0, const StillNeeded& still_needed = {});
   // One round of the responder, without waiting: checks the file (rejoining a fresh table where it
   // was damaged), answers the requests made so far, publishes this member's figures and follows the
   // others' floors (the ceiling). Tests call it to settle.
   void follow_now();
 
-  void ask(std::size_t budget_needed) noexcept override;
+  void ask(const AskFor& need, const StillNeeded& still_needed) noexcept override;
   std::string describe(const std::vector<ProcessUse>& on_device) const noexcept override;
 
   std::string table_path() const { return path_; }
@@ -138,6 +142,15 @@ class ShareClient final : public ShareHooks {
   std::size_t shortfall(std::size_t floor, std::size_t unaccounted_bytes, const ShareTally& others);
   void set_ceiling(std::size_t ceiling);
   FloorGrant grant(const Joined& j, std::size_t bytes);
+  struct Asked {
+    std::uint32_t index;
+    std::uint32_t wanted;  // the asks value whose answer is waited for
+  };
+  // Asks the others (all their cache, or `lacking` bytes split over them by what they cache) and
+  // returns those to wait for.
+  std::vector<Asked> ask_round(const Joined& j, const std::vector<SlotCopy>& copies, std::size_t lacking);
+  bool wait_for(const Joined& j, std::vector<Asked>& waited, std::chrono::steady_clock::time_point deadline,
+                const StillNeeded* still_needed, std::size_t& lacking);
   void rejoin(const std::string& why);
   void respond_loop();
 

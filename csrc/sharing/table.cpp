@@ -21,12 +21,14 @@
 #include <thread>
 #include <unistd.h>
 
+#include "sharing/policy.h"
+
 namespace gpumem {
 
 namespace {
 
 constexpr std::uint64_t kMagic = 0x31726168736d7067ull;  // "gpmshar1"
-constexpr std::uint32_t kVersion = 2;                      // 2: owners are the kernel's locks
+constexpr std::uint32_t kVersion = 3;  // 2: owners are the kernel's locks; 3: asks say how many bytes
 constexpr std::size_t kSlotsOffset = 128;                  // the header, padded to a slot's alignment
 
 std::size_t table_bytes() { return kSlotsOffset + sizeof(ShareSlot) * ShareTable::kSlots; }
@@ -300,6 +302,7 @@ std::uint32_t ShareTable::claim(std::uint32_t pid) {
       s->reserved.store(0, std::memory_order_relaxed);
       s->in_use.store(0, std::memory_order_relaxed);
       s->served.store(s->asks.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      s->wanted.store(0, std::memory_order_relaxed);
       s->asks_served.store(0, std::memory_order_relaxed);
       s->given_back.store(0, std::memory_order_relaxed);
       s->asks_made.store(0, std::memory_order_relaxed);
@@ -382,6 +385,11 @@ bool ShareTable::asks_of(std::uint32_t index, std::uint32_t& asks) {
   return guarded([&] { asks = s->asks.load(std::memory_order_acquire); });
 }
 
+bool ShareTable::take_wanted(std::uint32_t index, std::size_t& bytes) {
+  ShareSlot* s = slot(index);
+  return guarded([&] { bytes = s->wanted.exchange(0, std::memory_order_acq_rel); });
+}
+
 bool ShareTable::mark_served(std::uint32_t index, std::uint32_t asks) {
   ShareSlot* s = slot(index);
   return guarded([&] { s->served.store(asks, std::memory_order_release); });
@@ -447,9 +455,15 @@ bool ShareTable::read_counters(std::uint32_t index, OwnCounters& out) {
   });
 }
 
-bool ShareTable::ask(std::uint32_t index, std::uint32_t& wanted) {
+bool ShareTable::ask(std::uint32_t index, std::size_t bytes, std::uint32_t& wanted) {
   ShareSlot* s = slot(index);
-  if (!guarded([&] { wanted = s->asks.fetch_add(1, std::memory_order_acq_rel) + 1; })) return false;
+  const bool asked = guarded([&] {
+    std::uint64_t was = s->wanted.load(std::memory_order_relaxed);
+    while (!s->wanted.compare_exchange_weak(was, saturating_add(was, bytes), std::memory_order_acq_rel)) {
+    }
+    wanted = s->asks.fetch_add(1, std::memory_order_acq_rel) + 1;
+  });
+  if (!asked) return false;
   wake(index);
   return true;
 }
@@ -493,6 +507,7 @@ ShareLayout share_layout() {
            {"in_use", offsetof(ShareSlot, in_use)},
            {"asks", offsetof(ShareSlot, asks)},
            {"served", offsetof(ShareSlot, served)},
+           {"wanted", offsetof(ShareSlot, wanted)},
            {"asks_served", offsetof(ShareSlot, asks_served)},
            {"given_back", offsetof(ShareSlot, given_back)},
            {"asks_made", offsetof(ShareSlot, asks_made)}}};

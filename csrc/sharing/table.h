@@ -9,6 +9,7 @@
 // askers only add to `asks`. Invariants, per slot:
 //   byte unlocked   => nobody reads its figures, and a claimer may take it
 //   served          is the asks value the owner last answered (32-bit, wrapping)
+//   wanted          is added to before asks is, so an answer to an ask takes at least its bytes
 // Nobody ever holds a lock inside the mapping, and every access to it runs under a guard that
 // turns a fault (the file truncated under the mapping) into a failed call: a damaged table makes
 // the members rejoin a fresh one, never crash.
@@ -38,6 +39,7 @@ struct alignas(128) ShareSlot {
   std::atomic<std::uint64_t> in_use;
   std::atomic<std::uint32_t> asks;    // futex word: askers add one and wake the owner
   std::atomic<std::uint32_t> served;  // the asks value the owner last answered
+  std::atomic<std::uint64_t> wanted;  // bytes askers want given back (saturating; the owner takes it)
   std::atomic<std::uint64_t> asks_served;  // requests answered (a counter, never wraps in practice)
   std::atomic<std::uint64_t> given_back;   // bytes released on request
   std::atomic<std::uint64_t> asks_made;    // requests this owner made of the others
@@ -110,6 +112,8 @@ class ShareTable {
   bool read_counters(std::uint32_t index, OwnCounters& out);
   // The asks value now (false on a fault), and the answer to it.
   bool asks_of(std::uint32_t index, std::uint32_t& asks);
+  // The bytes wanted of it since it last took them (SIZE_MAX: all its cache), now 0; false on a fault.
+  bool take_wanted(std::uint32_t index, std::size_t& bytes);
   bool mark_served(std::uint32_t index, std::uint32_t asks);
   // Sleeps until the slot is asked again (its asks leave `seen`), at most `timeout`.
   void wait_for_ask(std::uint32_t index, std::uint32_t seen, std::chrono::milliseconds timeout);
@@ -118,8 +122,9 @@ class ShareTable {
   // ---- the others ----
   // Copies of every owned slot but `except`, figures bounded by `bound`; false on a fault.
   bool read_others(std::uint32_t except, std::size_t bound, std::vector<SlotCopy>& out);
-  // Asks slot `index`: adds one to its asks and wakes its owner; the asks value to wait for.
-  bool ask(std::uint32_t index, std::uint32_t& wanted);
+  // Asks slot `index` for `bytes` of its cache (SIZE_MAX: all of it): adds them to what it is
+  // wanted, one to its asks, and wakes its owner; the asks value to wait for.
+  bool ask(std::uint32_t index, std::size_t bytes, std::uint32_t& wanted);
   // Whether slot `index` has answered `wanted`; false on a fault.
   bool served(std::uint32_t index, std::uint32_t& served);
 

@@ -58,6 +58,17 @@ class SharedSim : public gpumem::SimBackend {
     SimBackend::release(device, ptr, bytes);
     device_.give(bytes);
   }
+  // Pages of growable segments come from the shared device too.
+  bool map(int device, void* ptr, std::size_t bytes, std::size_t chunk) override {
+    if (!device_.take(bytes)) return false;
+    if (SimBackend::map(device, ptr, bytes, chunk)) return true;
+    device_.give(bytes);
+    return false;
+  }
+  void unmap(int device, void* ptr, std::size_t bytes) override {
+    SimBackend::unmap(device, ptr, bytes);
+    device_.give(bytes);
+  }
   gpumem::MemInfo mem_info(int) override {
     const std::size_t used = device_.in_use.load();
     return {device_.capacity - used, device_.capacity};

@@ -275,7 +275,7 @@ TEST_CASE("sharing table: a table cut under its mapping fails the calls instead 
   CHECK_FALSE(table.read_others(ShareTable::kSlots, 8 * GiB, seen));
   CHECK_FALSE(table.publish(slot, {1, 2, 3}));
   std::uint32_t wanted = 0;
-  CHECK_FALSE(table.ask(slot, wanted));
+  CHECK_FALSE(table.ask(slot, SIZE_MAX, wanted));
   CHECK_THAT(table.damaged(), Catch::Contains("was cut to 0 bytes"));
   ShareTable fresh(path);  // made afresh; the cut handle's slot lock still stands
   CHECK(fresh.damaged().empty());
