@@ -192,8 +192,9 @@ Block* GrowableSegments::map_front(Request& r, Block* unmapped) {
 // release, the request maps the chunks the device holds now of the very growth grow() would make:
 // the same segment and hole (choose_unmapped, or a new range), from its front, as cached memory that
 // grow() later joins. What the device had free from the start is mapped at once, and the rest as it
-// comes back, so the request ends about when the others' release does. If the request fails after
-// all, what was mapped stays cached (counted under the cap), as any memory a growth left.
+// comes back, so the request ends about when the others' release does. If the device still lacks
+// memory after the wait, the release before the request's error (DeviceCore::malloc_on_device)
+// gives back what was mapped ahead, as it gives back any cache.
 std::size_t GrowableSegments::map_ahead(Request& r, std::size_t device_free) {
   const std::size_t chunk = chunk_for(r.small, round_up(r.size, page_size_));
   Block* unmapped = choose_unmapped(r, chunk).block;

@@ -46,7 +46,10 @@ struct SharedDevice {
 // One member's view of the shared device: its own fake addresses, the shared capacity.
 class SharedSim : public gpumem::SimBackend {
  public:
-  explicit SharedSim(SharedDevice& device) : SimBackend(device.capacity), device_(device) {}
+  // With `page`, it maps pages of that size (growable segments).
+  explicit SharedSim(SharedDevice& device, std::size_t page = 0) : SimBackend(device.capacity), device_(device) {
+    if (page > 0) enable_virtual_memory(page);
+  }
 
   void* reserve(int device, std::size_t bytes) override {
     if (!device_.take(bytes)) return nullptr;

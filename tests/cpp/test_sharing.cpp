@@ -3,6 +3,7 @@
 // by forked processes (shared_sim.h).
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "core/growable_segments.h"
 #include "sharing/member.h"
 #include "sharing/policy.h"
 #include "sharing/table.h"
@@ -46,8 +48,8 @@ struct Member {
   std::unique_ptr<ShareClient> share;
 
   Member(SharedDevice& device, const std::string& table, std::optional<std::size_t> limit = std::nullopt,
-         std::uint32_t pid = 0, ShareOptions options = test_options())
-      : backend(device), alloc(backend, 0, config_of(limit)), host(alloc) {
+         std::uint32_t pid = 0, ShareOptions options = test_options(), bool growable = false)
+      : backend(device, growable ? 2 * MiB : 0), alloc(backend, 0, config_of(limit, growable)), host(alloc) {
     share = std::make_unique<ShareClient>(table, host, device.capacity, options, pid);
     alloc.set_share(share.get());
   }
@@ -61,11 +63,15 @@ struct Member {
     share->stop();
     alloc.set_share(nullptr);
   }
-  static AllocatorConfig config_of(std::optional<std::size_t> limit) {
+  static AllocatorConfig config_of(std::optional<std::size_t> limit, bool growable) {
     AllocatorConfig c;
     c.limit = limit;
-    c.growable = false;
+    c.growable = growable;
     return c;
+  }
+  // A member with growable segments (2 MiB pages, large requests mapped in chunks up to 256 MiB).
+  static std::unique_ptr<Member> growable(SharedDevice& device, const std::string& table) {
+    return std::make_unique<Member>(device, table, std::nullopt, 0, test_options(), true);
   }
 };
 
@@ -293,7 +299,7 @@ TEST_CASE("sharing table: a full table says so instead of sharing a slot") {
   CHECK(table->claim(42) == ShareTable::kSlots);
   SharedDevice& device = SharedDevice::make(8 * GiB);
   SharedSim backend(device);
-  DeviceAllocator alloc(backend, 0, Member::config_of(std::nullopt));
+  DeviceAllocator alloc(backend, 0, Member::config_of(std::nullopt, false));
   DeviceHost host(alloc);
   CHECK_THROWS_WITH(ShareClient(dir.table(), host, device.capacity), Catch::Contains("is held by a live process"));
 }
@@ -321,6 +327,70 @@ TEST_CASE("sharing: a hoarder's free cache goes back when the device refuses ano
   CHECK(again->allocated);
   a.alloc.check_invariants();
   b.alloc.check_invariants();
+  CHECK(device.peak.load() <= device.capacity);
+}
+
+TEST_CASE("sharing: an asked member gives back what the device lacks, largest cached blocks first, a chunk more at most") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(140 * GiB);
+  auto a = Member::growable(device, dir.table());
+  auto b = Member::growable(device, dir.table());
+  a->share->start();
+  b->share->start();
+  Block* kept = a->alloc.malloc(1 * GiB, kStream0);
+  Block* small_cache = a->alloc.malloc(8 * GiB, kStream0);
+  Block* between = a->alloc.malloc(1 * GiB, kStream0);
+  a->alloc.free(a->alloc.malloc(80 * GiB, kStream0));
+  a->alloc.free(small_cache);
+  REQUIRE(a->alloc.reserved() >= 90 * GiB);
+  const std::size_t a_before = a->alloc.reserved();
+  const std::size_t free_before = b->backend.mem_info(0).free;
+  REQUIRE(free_before < 60 * GiB);
+
+  Block* big = b->alloc.malloc(60 * GiB, kStream0);
+  CHECK(big->size >= 60 * GiB);
+  const std::size_t lacked = b->alloc.reserved() - free_before;  // what B mapped beyond the free device
+  const std::size_t given = a->share->status().given_back;
+  CHECK(given >= lacked);
+  CHECK(given <= lacked + GrowableSegments::kMaxChunk);
+  CHECK(a_before - a->alloc.reserved() == given);
+  // From the 80 GiB block: the 8 GiB one stays cached, as do the live ones.
+  CHECK(a->alloc.reserved() >= 8 * GiB + 2 * GiB);
+  CHECK(kept->allocated);
+  CHECK(between->allocated);
+  a->alloc.check_invariants();
+  b->alloc.check_invariants();
+  CHECK(device.peak.load() <= device.capacity);
+}
+
+TEST_CASE("sharing: while the asked member releases, the asker maps what the device holds, and ends on the rest") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(140 * GiB);
+  auto a = Member::growable(device, dir.table());  // answers only when the test says (no responder)
+  auto b = Member::growable(device, dir.table());
+  a->alloc.free(a->alloc.malloc(100 * GiB, kStream0));
+  const std::size_t free_before = b->backend.mem_info(0).free;
+  REQUIRE(free_before == 40 * GiB);
+
+  std::atomic<Block*> got{nullptr};
+  std::thread request([&] { got = b->alloc.malloc(60 * GiB, kStream0); });
+  // B maps what the device holds while A has not answered yet: whole chunks of the growth.
+  std::size_t ahead = 0;
+  for (int i = 0; i < 20000 && ahead < free_before - GrowableSegments::kMaxChunk; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ahead = b->alloc.reserved();
+  }
+  CHECK(ahead >= free_before - GrowableSegments::kMaxChunk);
+  CHECK(ahead <= free_before);
+  CHECK(got.load() == nullptr);
+  a->share->follow_now();  // A answers: it gives back what B lacks
+  request.join();
+  REQUIRE(got.load() != nullptr);
+  CHECK(got.load()->size >= 60 * GiB);
+  CHECK(a->share->status().given_back <= 60 * GiB - ahead + 2 * GrowableSegments::kMaxChunk);
+  CHECK(a->alloc.reserved() >= 100 * GiB - (60 * GiB - ahead) - 2 * GrowableSegments::kMaxChunk);
+  b->alloc.check_invariants();
+  CHECK(b->alloc.reserved() < 60 * GiB + GrowableSegments::kMaxChunk);  // one growth, not two
   CHECK(device.peak.load() <= device.capacity);
 }
 
