@@ -7,7 +7,8 @@ Usage (each case is one call; on an H200 each takes well under 9 minutes):
     python benchmarks/bench_sharing.py swinging   # two jobs swing 90/10 GiB for 20 cycles
     python benchmarks/bench_sharing.py cost       # the request-and-retry wait, the asked one's step time
     python benchmarks/bench_sharing.py at_once    # two full jobs ask each other at the same instant
-    python benchmarks/bench_sharing.py all        # the five in turn
+    python benchmarks/bench_sharing.py handover   # B's 60 % of the device while A caches 60 %, 5 cycles
+    python benchmarks/bench_sharing.py all        # the six in turn
 Options: --gib-scale F multiplies every size (for a smaller GPU: 0.5 on an 80 GB card).
 
 Every line of results starts with the case and the mode. "caps" lines check that no process ever
@@ -35,6 +36,8 @@ def job_main() -> None:
     # gpumem at torch's import; the job never calls gpumem itself but to read its figures.
     gpumem_on = os.environ.get("BENCH_SHARING_MODE") == "gpumem"
     import torch
+    if gpumem_on:
+        import gpumem
     fraction = os.environ.get("BENCH_SHARING_FRACTION")
     if fraction:
         torch.cuda.set_per_process_memory_fraction(float(fraction), 0)
@@ -63,6 +66,20 @@ def job_main() -> None:
                     reply["got"], reply["error"] = False, str(error).splitlines()[0][:200]
                 reply["seconds"] = time.perf_counter() - start
                 t = None
+            elif op == "take":  # only the allocation timed: no fill
+                torch.cuda.synchronize()
+                before = gpumem.device_mem_info(0)[0] if gpumem_on else torch.cuda.mem_get_info(0)[0]
+                start = time.perf_counter()
+                t = torch.empty(int(cmd["bytes"]), dtype=torch.uint8, device="cuda")
+                torch.cuda.synchronize()
+                reply["seconds"] = time.perf_counter() - start
+                reply["device_free_before"] = before
+                tensors[cmd["name"]] = t
+            elif op == "empty_cache":
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                torch.cuda.empty_cache()
+                reply["seconds"] = time.perf_counter() - start
             elif op == "free":
                 tensors.pop(cmd["name"], None)
             elif op == "check":
@@ -371,12 +388,68 @@ def at_once_with(mode: str, jobs: list, cache_share: float) -> list[str]:
     return lines
 
 
+def handover(mode: str, s: float, jobs: list) -> list[str]:
+    """B asks for 60 % of the device while A caches 60 % (freed, kept): the device lacks part of it,
+    which A gives back while B maps (docs/design.md, "Handing memory over"). Three figures, each a
+    median of 5: B's request by asking, the same request of B on a free device, and A's release
+    alone of what it gave back (A's own empty_cache of that many bytes, nobody asking)."""
+    if mode != "gpumem":
+        return ["(the handover row is gpumem's only)"]
+    need = int(0.6 * TOTAL * s)
+    a, b = Job("A", mode, share_env(mode)), Job("B", mode, share_env(mode))
+    jobs += [a, b]
+    a.ask(op="figures")
+
+    def b_free_device() -> float:
+        got = b.ask(op="take", name="x", bytes=need)
+        b.ask(op="free", name="x")
+        b.ask(op="empty_cache")
+        return got["seconds"] if got["ok"] else float("nan")
+
+    b_free_device()  # B's first growth reserves its address range: not what is compared
+    free_device = [b_free_device() for _ in range(5)]
+    by_request, given, lacked = [], [], []
+    for _ in range(5):
+        a.ask(op="take", name="big", bytes=need)
+        a.ask(op="free", name="big")
+        before = a.ask(op="figures")["sharing"]["given_back"]
+        got = b.ask(op="take", name="x", bytes=need)
+        after = a.ask(op="figures")["sharing"]["given_back"]
+        if not got["ok"]:
+            return [f"B's request FAILED: {got['error'][:200]}", "verdict: FAIL"]
+        by_request.append(got["seconds"])
+        given.append(after - before)
+        lacked.append(max(0, got["reserved"] - got["device_free_before"]))
+        b.ask(op="free", name="x")
+        b.ask(op="empty_cache")
+        a.ask(op="empty_cache")
+    release = []
+    for bytes_given in given:  # A's release of the same bytes, alone
+        a.ask(op="take", name="big", bytes=bytes_given)
+        a.ask(op="free", name="big")
+        release.append(a.ask(op="empty_cache")["seconds"])
+        a.ask(op="figures")
+    med = statistics.median
+    target = max(1.25 * med(free_device), med(release) + 0.050)
+    over = max(g - l for g, l in zip(given, lacked))
+    lines = [f"B's {need / GiB:.1f} GiB ({need / TOTAL:.0%} of the device), A caching as much: by request median "
+             f"{med(by_request):.3f} s (max {max(by_request):.3f}); on a free device {med(free_device):.3f} s "
+             f"(max {max(free_device):.3f}); A's release alone of what it gave back {med(release):.3f} s "
+             f"(max {max(release):.3f}); 5 runs each",
+             f"A gave back median {med(given) / GiB:.2f} GiB where the device lacked {med(lacked) / GiB:.2f} GiB for B; "
+             f"most given beyond the lack {over / 2**20:.0f} MiB",
+             "verdict: " + ("PASS" if med(by_request) <= target and over <= 256 << 20 else "FAIL")
+             + f" (by request within max(1.25 x free device, release + 50 ms) = {target:.3f} s, "
+               "and no more than a 256 MiB chunk beyond the lack)"]
+    return lines
+
+
 TOTAL = 0  # the device's memory in bytes, set by main
 
 
 CASES = {"hoarding": (hoarding, ("gpumem", "native")), "floor": (floor, ("gpumem", "native")),
          "swinging": (swinging, ("gpumem", "gpumem-static", "native-fraction", "native")),
-         "cost": (cost, ("gpumem",)), "at_once": (at_once, ("gpumem",))}
+         "cost": (cost, ("gpumem",)), "at_once": (at_once, ("gpumem",)), "handover": (handover, ("gpumem",))}
 
 
 PROBE = ("import torch\n"
