@@ -9,7 +9,9 @@ given back with empty_cache (every page unmapped), in microseconds per page. --d
 driver's virtual memory calls that a growth and a release are made of (cuMemCreate, cuMemMap,
 cuMemSetAccess; cuMemUnmap, cuMemRelease), each timed over 60 % of the device's memory in 256 MiB
 chunks (the chunk a large growth maps in), in ms per GiB, the way docs/design.md ("Handing memory
-over") reads them. Needs a CUDA GPU with virtual memory management.
+over") reads them: once for plain allocations and once for allocations exportable as POSIX file
+descriptors (what gpumem makes where the driver allows, so that tensors can be sent to other
+processes). Needs a CUDA GPU with virtual memory management.
 """
 import ctypes
 import json
@@ -60,7 +62,7 @@ class _Access(ctypes.Structure):  # CUmemAccessDesc
     _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
 
 
-def by_driver() -> dict:
+def by_driver(exportable: bool) -> dict:
     cu = ctypes.CDLL("libcuda.so.1")
 
     def check(status: int, call: str) -> None:
@@ -75,7 +77,7 @@ def by_driver() -> dict:
     free, total = ctypes.c_size_t(), ctypes.c_size_t()
     check(cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)), "cuMemGetInfo")
     chunks = int(0.6 * total.value) // CHUNK
-    prop = _Prop(type=1, requestedHandleTypes=0, location=_Location(1, 0))  # pinned, on device 0
+    prop = _Prop(type=1, requestedHandleTypes=1 if exportable else 0, location=_Location(1, 0))  # pinned, device 0
     access = _Access(location=_Location(1, 0), flags=3)  # read and write
     base = ctypes.c_uint64()
     check(cu.cuMemAddressReserve(ctypes.byref(base), ctypes.c_size_t(chunks * CHUNK), ctypes.c_size_t(0),
@@ -100,7 +102,7 @@ def by_driver() -> dict:
         timed("unmap", cu.cuMemUnmap, ctypes.c_uint64(base.value + i * CHUNK), ctypes.c_size_t(CHUNK))
     check(cu.cuMemAddressFree(base, ctypes.c_size_t(chunks * CHUNK)), "cuMemAddressFree")
     gib = chunks * CHUNK / (1 << 30)
-    return {"chunk_mib": CHUNK >> 20, "chunks": chunks, "gib": round(gib, 2),
+    return {"exportable": exportable, "chunk_mib": CHUNK >> 20, "chunks": chunks, "gib": round(gib, 2),
             "ms_per_gib": {name: round(s / gib * 1e3, 3) for name, s in seconds.items()},
             "ms_total": {name: round(s * 1e3, 1) for name, s in seconds.items()}}
 
@@ -112,7 +114,11 @@ def main() -> None:
         sys.exit("this benchmark needs torch")
     if not torch.cuda.is_available():
         sys.exit("this benchmark needs a CUDA GPU")
-    print(json.dumps(by_driver() if "--driver" in sys.argv[1:] else through_gpumem()))
+    if "--driver" in sys.argv[1:]:
+        for exportable in (False, True):
+            print(json.dumps(by_driver(exportable)))
+    else:
+        print(json.dumps(through_gpumem()))
 
 
 if __name__ == "__main__":

@@ -253,11 +253,21 @@ void ShareClient::ask(const AskFor& need, const StillNeeded& still_needed) noexc
 // ends once still_needed reports 0, or once every member asked has answered and a call after the
 // answers still lacks memory. Where the figures the split came from were stale (a member gave
 // less than its share), the asker asks again for what it still lacks, kAskRounds times at most,
-// all within one ask_wait. Without a byte count (a floor, or the shared ceiling in the way), each
-// member gives back all of its cache.
+// all within one ask_wait, while the others' fresh figures say their cache holds it. Where their
+// cache cannot hold what the device lacks, nothing is mapped ahead (within_their_cache). Without
+// a byte count (a floor, or the shared ceiling in the way), each member gives back all of its cache.
 namespace {
 constexpr int kAskRounds = 3;
 std::size_t cache_of(const SlotCopy& c) { return c.reserved - c.in_use; }  // in_use <= reserved as read
+// Whether the others' cache, by their figures, holds `lacking`. Where it does not, the request
+// cannot be served however they answer: it asks once, maps nothing ahead (memory mapped for it
+// would only be taken back by another asker, two full processes passing it to and fro) and
+// fails at the retry, as fast as an ask goes.
+bool within_their_cache(const std::vector<SlotCopy>& copies, std::size_t lacking) {
+  std::size_t cached = 0;
+  for (const SlotCopy& c : copies) cached = saturating_add(cached, cache_of(c));
+  return cached >= lacking;
+}
 }  // namespace
 
 bool ShareClient::ask_others(std::size_t device_bytes, const StillNeeded& still_needed) {
@@ -271,21 +281,20 @@ bool ShareClient::ask_others(std::size_t device_bytes, const StillNeeded& still_
     return false;
   }
   const auto deadline = std::chrono::steady_clock::now() + options_.ask_wait;
-  const bool counted = device_bytes > 0 && still_needed;
   std::size_t lacking = SIZE_MAX;
-  if (counted) {
+  bool handing_over = false;
+  if (device_bytes > 0) {
     const std::optional<MemInfo> mem = host_.mem_info();
     lacking = mem && mem->free < device_bytes ? device_bytes - mem->free : device_bytes;
+    handing_over = still_needed && within_their_cache(copies, lacking);
   }
   for (int round = 1;; ++round) {
     std::vector<Asked> waited = ask_round(j, copies, lacking);
     publish(j);
-    const bool answered = wait_for(j, waited, deadline, counted ? &still_needed : nullptr, lacking);
-    if (!counted || lacking == 0 || !answered || round == kAskRounds) break;
+    const bool answered = wait_for(j, waited, deadline, handing_over ? &still_needed : nullptr, lacking);
+    if (!handing_over || lacking == 0 || !answered || round == kAskRounds) break;
     copies = others(j);  // fresh figures: those answered publish theirs before they mark the answer
-    std::size_t cached = 0;
-    for (const SlotCopy& c : copies) cached = saturating_add(cached, cache_of(c));
-    if (cached == 0) break;
+    if (!within_their_cache(copies, lacking)) break;
   }
   refresh_ceiling(j);
   return true;

@@ -369,6 +369,7 @@ TEST_CASE("sharing: while the asked member releases, the asker maps what the dev
   auto a = Member::growable(device, dir.table());  // answers only when the test says (no responder)
   auto b = Member::growable(device, dir.table());
   a->alloc.free(a->alloc.malloc(100 * GiB, kStream0));
+  a->share->follow_now();  // its figures published, as its responder's round would
   const std::size_t free_before = b->backend.mem_info(0).free;
   REQUIRE(free_before == 40 * GiB);
 
@@ -391,6 +392,24 @@ TEST_CASE("sharing: while the asked member releases, the asker maps what the dev
   CHECK(a->alloc.reserved() >= 100 * GiB - (60 * GiB - ahead) - 2 * GrowableSegments::kMaxChunk);
   b->alloc.check_invariants();
   CHECK(b->alloc.reserved() < 60 * GiB + GrowableSegments::kMaxChunk);  // one growth, not two
+  CHECK(device.peak.load() <= device.capacity);
+}
+
+TEST_CASE("sharing: where the others' cache cannot hold what the device lacks, nothing is mapped ahead") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(140 * GiB);
+  auto a = Member::growable(device, dir.table());
+  auto b = Member::growable(device, dir.table());
+  a->share->start();
+  Block* live = a->alloc.malloc(90 * GiB, kStream0);
+  a->alloc.free(a->alloc.malloc(10 * GiB, kStream0));
+  a->share->follow_now();
+  // B lacks 20 GiB of the device for 60 GiB; A caches 10: B's request fails at once, and B holds
+  // nothing it mapped for it (no memory passed to and fro between askers).
+  CHECK_THROWS_AS(b->alloc.malloc(60 * GiB, kStream0), OutOfMemoryError);
+  CHECK(b->alloc.reserved() == 0);
+  CHECK(b->backend.ledger(0).maps == 0);
+  CHECK(live->allocated);
   CHECK(device.peak.load() <= device.capacity);
 }
 
