@@ -223,7 +223,9 @@ std::size_t DeviceCore::device_lacks(std::size_t bytes) const {
   }
   if (retried) d_.accounts.retried();
   if (!block && d_.departing.bytes() > 0) return nullptr;  // malloc waits for it and calls again
-  if (!block && r.device_refused && hooks_to_ask(asking, {0, sources_.serving(*r.pool).growth_for(size)})) {
+  const std::size_t device_bytes = sources_.growable.serves(*r.pool) ? sources_.growable.most_mapped_for(r)
+                                                                     : sources_.serving(*r.pool).growth_for(size);
+  if (!block && r.device_refused && hooks_to_ask(asking, {0, device_bytes})) {
     return nullptr;  // malloc asks, calls again
   }
   if (!block) throw_oom(requested, size, r.device_refused);

@@ -45,6 +45,11 @@ class GrowableSegments final : public MemorySource {
   // where that growth joins it. Returns the bytes the growth still lacks, 0 once r can be served from
   // the cache. Note [mapping while the others release].
   std::size_t map_ahead(Request& r, std::size_t device_free);
+  // The most a growth for `r` maps (whole chunks of its size, however much of it is cached): what
+  // the device must hold for it, as an ask of the others counts it.
+  std::size_t most_mapped_for(const Request& r) const {
+    return round_up(r.size, chunk_for(r.small, round_up(r.size, page_size_)));
+  }
   std::size_t growth_for(std::size_t size) const override { return round_up(size, page_size_); }
   // Unmaps free pages, oldest segment first or largest free blocks first (then no more whole chunks
   // than `bytes` needs); nothing while a graph may be capturing. Synchronizes the device once,

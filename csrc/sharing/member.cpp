@@ -283,7 +283,7 @@ bool ShareClient::ask_others(std::size_t device_bytes, const StillNeeded& still_
   const auto deadline = std::chrono::steady_clock::now() + options_.ask_wait;
   std::size_t lacking = SIZE_MAX;
   bool handing_over = false;
-  if (device_bytes > 0) {
+  if (device_bytes > 0) {  // chunk-accurate (GrowableSegments::most_mapped_for): no page-by-page growth after
     const std::optional<MemInfo> mem = host_.mem_info();
     lacking = mem && mem->free < device_bytes ? device_bytes - mem->free : device_bytes;
     handing_over = still_needed && within_their_cache(copies, lacking);
@@ -292,6 +292,8 @@ bool ShareClient::ask_others(std::size_t device_bytes, const StillNeeded& still_
     std::vector<Asked> waited = ask_round(j, copies, lacking);
     publish(j);
     const bool answered = wait_for(j, waited, deadline, handing_over ? &still_needed : nullptr, lacking);
+    // Without handing over (their figures, up to a poll old, did not hold it), the answers end it:
+    // the retry finds what they gave.
     if (!handing_over || lacking == 0 || !answered || round == kAskRounds) break;
     copies = others(j);  // fresh figures: those answered publish theirs before they mark the answer
     if (!within_their_cache(copies, lacking)) break;

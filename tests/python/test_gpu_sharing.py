@@ -122,15 +122,16 @@ def test_the_worked_example_holds_the_floor_and_moves_the_cache(tmp_path, how):
         assert [(o["same_pid_namespace"], o["floor"]) for o in seen_by_train] == [(not apart, FLOOR_GIB * GiB)]
         # T's tensors go; S, past its floor on a device T filled, gets the memory T cached, which T
         # gives back (asked, or on its frees as a borrower beside a floor: docs/usage.md).
-        # T gives back what the device lacks for S's 4 GiB (less what was free), a chunk more at most.
+        # Asked, T gives back what the device lacks for S's 4 GiB (less what was free), a chunk more
+        # at most; as a borrower it may give back more on its own frees, counted apart.
         train.ask("free")
         given_before = train.ask("figures")["sharing"]["given_back"]
         assert serve.ask(f"hold {FLOOR_GIB + 4}")["held"] == FLOOR_GIB + 4
         after = train.ask("figures")
         given = after["sharing"]["given_back"] - given_before
         from gpumem import _C
-        assert after["enabled"] and 0 < given <= 4 * GiB + _C.MAX_CHUNK, (grown, after)
-        assert after["reserved"] <= grown["reserved"] - given, (grown, after)
+        assert after["enabled"] and after["reserved"] < grown["reserved"], (grown, after)
+        assert given <= 4 * GiB + _C.MAX_CHUNK, (grown, after)
     finally:
         for program in (serve, train):
             if program is not None:
