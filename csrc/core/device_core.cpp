@@ -170,11 +170,17 @@ std::size_t DeviceCore::map_ahead(std::size_t size, StreamId stream) {
   const WholeDevice whole(*this);
   if (d_.capturing()) return size;  // the retry after the wait decides
   Request r{&pool_for(stream), is_small(size), stream, size};
-  if (!sources_.growable.serves(*r.pool)) return device_lacks(sources_.serving(*r.pool).growth_for(size));
+  if (!sources_.growable.serves(*r.pool)) return device_lacks(device_bytes_for(r));
   d_.arena_for(stream).keep_one();
   const std::size_t lacking = sources_.growable.map_ahead(r, d_.backend.mem_info(d_.device).free);
   debug_check();
   return lacking;
+}
+
+// What the device must hold for `r`'s growth: the whole chunks a growable segment maps for it.
+std::size_t DeviceCore::device_bytes_for(const Request& r) {
+  return sources_.growable.serves(*r.pool) ? sources_.growable.most_mapped_for(r)
+                                           : sources_.serving(*r.pool).growth_for(r.size);
 }
 
 std::size_t DeviceCore::device_lacks(std::size_t bytes) const {
@@ -223,11 +229,7 @@ std::size_t DeviceCore::device_lacks(std::size_t bytes) const {
   }
   if (retried) d_.accounts.retried();
   if (!block && d_.departing.bytes() > 0) return nullptr;  // malloc waits for it and calls again
-  const std::size_t device_bytes = sources_.growable.serves(*r.pool) ? sources_.growable.most_mapped_for(r)
-                                                                     : sources_.serving(*r.pool).growth_for(size);
-  if (!block && r.device_refused && hooks_to_ask(asking, {0, device_bytes})) {
-    return nullptr;  // malloc asks, calls again
-  }
+  if (!block && r.device_refused && hooks_to_ask(asking, {0, device_bytes_for(r)})) return nullptr;  // malloc asks, calls again
   if (!block) throw_oom(requested, size, r.device_refused);
   block = place(block, size, requested, nullptr);
   if (release_.threshold() > 0.0) release_.apply_threshold();

@@ -184,6 +184,7 @@ class DeviceCore {
   Block* malloc_waiting(std::size_t size, std::size_t requested, StreamId stream);
   Block* malloc_on_device(std::size_t size, std::size_t requested, StreamId stream, Asking& asking);
   ShareHooks* hooks_to_ask(Asking& asking, AskFor need);
+  std::size_t device_bytes_for(const Request& r);
   void free_on_device(Block* block);
   // What the lanes may serve while nothing holds the whole device: a cached malloc while no graph
   // captures and no block pends on a stream; a cached free while no graph captures, no release

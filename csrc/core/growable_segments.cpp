@@ -138,7 +138,7 @@ GrowableSegments::Growth GrowableSegments::choose_unmapped(const Request& r, std
     at = {u->size, u->addr};
     ++blocks_visited_;
     if (u->segment->chunk != chunk) continue;
-    const std::size_t before = u->prev && u->prev->is_cached() ? u->prev->size : 0;
+    const std::size_t before = cached_before(u);
     const std::size_t after = u->next && u->next->is_cached() ? u->next->size : 0;
     if (size <= before || before + u->size + after < size) continue;
     const std::size_t need = size - before <= u->size ? round_up(size - before, chunk) : u->size;
@@ -170,10 +170,19 @@ Block* GrowableSegments::reserve_range(const Request& r, std::size_t chunk) {
 // `size` bytes (the rest of the last one stays cached), and returns that merged block (in no set);
 // nullptr if the cap or the device refuses them.
 Block* GrowableSegments::map_front(Request& r, Block* unmapped) {
+  return map_bytes(r, unmapped, std::min(round_up(r.size - cached_before(unmapped), unmapped->segment->chunk), unmapped->size));
+}
+
+// The free mapped block before `unmapped`'s start, which a growth there joins: its bytes, or 0.
+std::size_t GrowableSegments::cached_before(const Block* unmapped) {
+  return unmapped->prev && unmapped->prev->is_cached() ? unmapped->prev->size : 0;
+}
+
+// Maps the first `bytes` (whole chunks) of `unmapped` and returns them merged with their free
+// mapped neighbours, in no set; nullptr, with nothing changed, if the cap or the device refuses.
+Block* GrowableSegments::map_bytes(Request& r, Block* unmapped, std::size_t bytes) {
   Segment& segment = *unmapped->segment;
   const bool small = segment.small;
-  const std::size_t before = unmapped->prev && unmapped->prev->is_cached() ? unmapped->prev->size : 0;
-  const std::size_t bytes = std::min(round_up(r.size - before, segment.chunk), unmapped->size);
   if (!d_.accounts.map_pages(r.device_refused, small, bytes, [&] { return map_chunks(segment, unmapped->addr, bytes); })) {
     return nullptr;
   }
@@ -199,28 +208,20 @@ std::size_t GrowableSegments::map_ahead(Request& r, std::size_t device_free) {
   const std::size_t chunk = chunk_for(r.small, round_up(r.size, page_size_));
   Block* unmapped = choose_unmapped(r, chunk).block;
   const bool fresh = unmapped == nullptr;
-  if (fresh && device_free < chunk) return round_up(r.size, chunk);
+  if (fresh && device_free < chunk) return most_mapped_for(r);
   if (fresh) unmapped = reserve_range(r, chunk);
-  if (!unmapped) return round_up(r.size, chunk);
+  if (!unmapped) return most_mapped_for(r);
   Segment& segment = *unmapped->segment;
-  const bool small = segment.small;
-  const std::size_t before = unmapped->prev && unmapped->prev->is_cached() ? unmapped->prev->size : 0;
+  const std::size_t before = cached_before(unmapped);
   if (before >= r.size) return 0;
   const std::size_t need = std::min(round_up(r.size - before, chunk), unmapped->size);
   const std::size_t bytes = std::min(need, device_free / chunk * chunk);
-  const bool mapped = bytes > 0 && d_.accounts.map_pages(r.device_refused, small, bytes, [&] {
-    return map_chunks(segment, unmapped->addr, bytes);
-  });
+  Block* mapped = bytes > 0 ? map_bytes(r, unmapped, bytes) : nullptr;
   if (!mapped) {
     if (fresh) release_range(&segment);
     return need;
   }
-  FreeBlocks& unmapped_set = segment.pool->unmapped_for(small);
-  unmapped_set.erase(unmapped);
-  if (bytes < unmapped->size) unmapped_set.insert(split_block(unmapped, bytes, d_.arena_for(segment.stream)));
-  unmapped->set_mapped(true);
-  FreeBlocks& cached = segment.pool->blocks_for(small);
-  cached.insert(merge_free_neighbours(unmapped, cached, d_.arena_for(segment.stream)).block);
+  segment.pool->blocks_for(segment.small).insert(mapped);
   return need - bytes;
 }
 

@@ -82,6 +82,8 @@ class GrowableSegments final : public MemorySource {
   std::pair<std::uintptr_t, std::uintptr_t> chunks_inside(const Block* block) const;
   Block* reserve_range(const Request& r, std::size_t chunk);
   Block* map_front(Request& r, Block* unmapped);
+  static std::size_t cached_before(const Block* unmapped);
+  Block* map_bytes(Request& r, Block* unmapped, std::size_t bytes);
   std::size_t unmap_block(Block* block, std::size_t most = SIZE_MAX);
   bool holds_free_page(const Block* block) const;
   std::vector<Block*> unmappable_blocks() const;
