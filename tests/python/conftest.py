@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import fcntl
+import importlib
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -128,3 +130,15 @@ def environment_without_gpumem_settings() -> dict:
     must not change what a test sets up."""
     settings = {"GPUMEM_LIMIT", *(name for name, _ in environment.SETTINGS)}
     return {name: value for name, value in os.environ.items() if name not in settings}
+
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def load_benchmark(name: str):
+    """A benchmark script as a module: the benchmarks are scripts beside common.py, not a package."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))

@@ -2,27 +2,15 @@
 table from small hand-made records, each configuration's row from its own records only, the
 trainer's batch rule, the sizes it takes from the device's memory, how it starts each process, and
 that without a CUDA device it says so and exits 0."""
-import importlib
 import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+from conftest import BENCHMARKS as BENCH, load_benchmark
 
-
-def load_bench():
-    """The benchmark as a module: the benchmarks are scripts beside common.py, not a package."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module("bench_service")
-    finally:
-        sys.path.remove(str(BENCH))
-
-
-bench = load_bench()
+bench = load_benchmark("bench_service")
 
 GiB = 1 << 30
 RANGES = {"batch": [1, 32], "prompt": [32, 2048], "new_tokens": [16, 128]}

@@ -1,27 +1,15 @@
 """benchmarks/bench_weight_sync.py without a GPU: the weights it sends, each configuration's record
 and table row from its own processes' results only, which side's error a failed configuration
 reports, its options, and that without a GPU it says so and measures nothing."""
-import importlib
-import pathlib
 import subprocess
 import sys
 
 import pytest
 import torch
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+from conftest import BENCHMARKS as BENCH, load_benchmark
 
-
-def load_bench():
-    """The benchmark as a module: the benchmarks are scripts beside common.py, not a package."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module("bench_weight_sync")
-    finally:
-        sys.path.remove(str(BENCH))
-
-
-bench = load_bench()
+bench = load_benchmark("bench_weight_sync")
 
 GiB = 1 << 30
 
