@@ -2,13 +2,13 @@
 """An inference service beside a training job on one GPU (CUDA device 0), three ways:
 
     native   both plain PyTorch, no gpumem variable set
-    split    a static split by caps: `gpumem run --limit FLOOR -- ... --role service` and
-             `gpumem run --limit TOTAL-FLOOR-1.5GiB -- ... --role train` (1.5 GiB: the two CUDA contexts)
+    split    a static split by caps: `gpumem run --limit CAP -- ... --role service` and
+             `gpumem run --limit TOTAL-CAP-1.5GiB -- ... --role train` (1.5 GiB: the two CUDA contexts)
     sharing  `gpumem run --floor FLOOR -- ... --role service` and `gpumem run --share -- ... --role train`
 
 Usage (one call of a GPU machine: about 2 minutes a configuration at the default 90 s):
     python3 benchmarks/bench_service.py [--seconds 90] [--configs native,split,sharing]
-        [--floor-share 0.30] [--seed 0] [--out DIR] [--png PATH]
+        [--floor-share 0.10] [--peak-share 0.25] [--seed 0] [--out DIR] [--png PATH]
 
 Each configuration is two processes of this script, started by this driver the way users start
 jobs (the `gpumem run` lines above, nothing in the environment for native). Both start together;
@@ -16,16 +16,19 @@ the service builds its model and reports ready, and the driver then gives both t
 the service serves from then on, the trainer starts TRAINER_DELAY_S later, and both stop --seconds
 after the service started. Every size comes from the device's total memory
 (torch.cuda.mem_get_info() in a process of its own, so that this driver holds no CUDA context):
-FLOOR = --floor-share of it.
+FLOOR = --floor-share of it, what the service usually needs; its largest request needs up to
+--peak-share of it. A static split must give the service what its largest request needs, so CAP is
+SPLIT_MARGIN (1.25) times that request's estimated peak; under sharing the service has the smaller
+floor, and borrows above it from the trainer's cache (sizes()).
 
 The service: a Llama-shaped causal LM of transformers, built from a config in bf16 (width 2048,
 MLP 5632, 16 heads with a key/value head each, vocabulary 32000), its depth chosen so that its
-weights are WEIGHT_SHARE (4 %) of the device (30 layers, 3.4 GB, on an 80 GB H100). It serves a
+weights are WEIGHT_SHARE (2 %) of the device (13 layers, 1.6 GB, on an 80 GB H100). It serves a
 seeded stream of requests back to back: batch uniform in 1..B, prompt length uniform in
-32..2048, new tokens uniform in 16..128, random token ids, greedy `model.generate` with its KV
+32..2048, new tokens uniform in 8..48, random token ids, greedy `model.generate` with its KV
 cache. B (at most 32) is the largest batch whose largest request's estimated peak (weights,
-the KV cache of prompt and new tokens, one layer's prefill activations: estimated_peak) fits the
-floor, so the biggest requests need about the floor. A request that raises
+the KV cache of prompt and new tokens, one layer's prefill activations: estimated_peak) fits
+--peak-share of the device (on an 80 GB H100: 32, 12.6 GiB, against a floor of 7.9 GiB). A request that raises
 torch.OutOfMemoryError is counted failed and the stream goes on. Under gpumem sharing, a request
 "waited on an ask" when the service's `asks_made` (gpumem.sharing.status) rose during it: the
 device refused it until the neighbour gave back cache.
@@ -85,10 +88,11 @@ ROLES = ("service", "train")
 
 # ---- sizes ----------------------------------------------------------------------------------------
 CONTEXTS = 3 * GiB // 2  # two CUDA contexts and their libraries' workspaces, left out of the split
-WEIGHT_SHARE = 0.04  # of the device: the service's weights
+SPLIT_MARGIN = 1.25  # the split's service cap over the largest request's estimated peak: the estimate's error
+WEIGHT_SHARE = 0.02  # of the device: the service's weights
 VOCAB, WIDTH, MLP, HEADS = 32000, 2048, 5632, 16  # the service's model (MHA: a key/value head per head)
 PROMPT = (32, 2048)
-NEW_TOKENS = (16, 128)
+NEW_TOKENS = (8, 48)
 MOST_BATCH = 32
 FIXED = 512 * MiB  # the service's own besides weights and cache: cuBLAS workspace, logits, generate's tensors
 KV_SLACK = 1.1  # the cache is regrown by torch.cat every token: one layer's old copy lives beside the new
@@ -132,17 +136,22 @@ def estimated_peak(layers: int, batch: int, prompt: int, new_tokens: int) -> int
     return int(service_weights(layers) + FIXED + batch * per_sequence)
 
 
-def sizes(total: int, floor_share: float) -> dict:
-    """Every size of a run from the device's total memory: the floor, the split's caps, the service's
-    model and its largest batch (the largest whose biggest request fits the floor, 1 to MOST_BATCH)."""
+def sizes(total: int, floor_share: float, peak_share: float) -> dict:
+    """Every size of a run from the device's total memory: the service's model, its largest batch (the
+    largest whose biggest request's estimated peak fits peak_share of the device, 1 to MOST_BATCH),
+    its floor under sharing (floor_share: what it usually needs, below that peak), and the split's
+    caps: a static split must give the service what its largest request needs (SPLIT_MARGIN over the
+    estimate) and the trainer the rest less the contexts."""
     floor = int(floor_share * total) // MiB * MiB
     layers = service_layers(total)
     one = estimated_peak(layers, 1, PROMPT[1], NEW_TOKENS[1]) - service_weights(layers) - FIXED
-    room = floor - service_weights(layers) - FIXED
+    room = int(peak_share * total) - service_weights(layers) - FIXED
     most_batch = max(1, min(MOST_BATCH, room // one))
-    return {"total": total, "floor": floor, "service_cap": floor, "trainer_cap": total - floor - CONTEXTS,
+    peak = estimated_peak(layers, most_batch, PROMPT[1], NEW_TOKENS[1])
+    service_cap = -(-int(SPLIT_MARGIN * peak) // MiB) * MiB
+    return {"total": total, "floor": floor, "service_cap": service_cap, "trainer_cap": total - service_cap - CONTEXTS,
             "layers": layers, "weights": service_weights(layers), "most_batch": most_batch,
-            "largest_request_peak": estimated_peak(layers, most_batch, PROMPT[1], NEW_TOKENS[1])}
+            "largest_request_peak": peak}
 
 
 def role_command(configuration: str, role: str, size: dict, script_args: list[str]) -> list[str]:
@@ -745,7 +754,8 @@ def gib_text(nbytes: int) -> str:
 def header(device: dict, size: dict, args) -> list[str]:
     g = gib_text
     return [f"device 0: {device['name']}, {g(device['total'])} ({g(device['free'])} free at the start)",
-            f"floor {g(size['floor'])} ({args.floor_share:.0%}); split caps: service {g(size['service_cap'])}, "
+            f"sharing: service floor {g(size['floor'])} ({args.floor_share:.0%}); split caps: service "
+            f"{g(size['service_cap'])} ({SPLIT_MARGIN:g} x its largest request's estimated peak), "
             f"trainer {g(size['trainer_cap'])}",
             f"service: {size['layers']} layers, {g(size['weights'])} of bf16 weights; requests: batch 1..{size['most_batch']}, "
             f"prompt {PROMPT[0]}..{PROMPT[1]}, new tokens {NEW_TOKENS[0]}..{NEW_TOKENS[1]}; the largest's estimated "
@@ -766,7 +776,10 @@ def parse(argv: list[str]):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=90, help="per configuration (default 90)")
     parser.add_argument("--configs", default=",".join(CONFIGURATIONS), help="default native,split,sharing")
-    parser.add_argument("--floor-share", type=float, default=0.30, help="the floor, of the device (default 0.30)")
+    parser.add_argument("--floor-share", type=float, default=0.10,
+                        help="the service's floor under sharing, of the device (default 0.10)")
+    parser.add_argument("--peak-share", type=float, default=0.25,
+                        help="the most the service's largest request may need, of the device (default 0.25)")
     parser.add_argument("--seed", type=int, default=0, help="the request stream's seed (default 0)")
     parser.add_argument("--out", default="", help="directory for the summary and top's output "
                                                   "(default bench_service-DATE-TIME here)")
@@ -780,7 +793,9 @@ def parse(argv: list[str]):
     if args.seconds < 10:
         parser.error("--seconds: at least 10")
     if not 0.05 <= args.floor_share <= 0.6:
-        parser.error("--floor-share: between 0.05 and 0.6 of the device")
+        parser.error(f"--floor-share: between 0.05 and 0.6 of the device; not {args.floor_share:g}")
+    if not 0.05 <= args.peak_share <= 0.6:
+        parser.error(f"--peak-share: between 0.05 and 0.6 of the device; not {args.peak_share:g}")
     args.configs = configurations(args.configs, parser)
     return args
 
@@ -798,10 +813,10 @@ def main(argv: list[str]) -> int:
     if isinstance(device, str):
         print(device)
         return 0
-    size = sizes(device["total"], args.floor_share)
+    size = sizes(device["total"], args.floor_share, args.peak_share)
     if size["trainer_cap"] < GiB:
         print(f"skipped: a {gib_text(size['total'])} device leaves the trainer under 1 GiB beside a "
-              f"{args.floor_share:.0%} floor and the contexts")
+              f"service cap of {gib_text(size['service_cap'])} and the contexts")
         return 0
     args.out = os.path.abspath(args.out or time.strftime("bench_service-%Y%m%d-%H%M%S"))
     os.makedirs(args.out, exist_ok=True)

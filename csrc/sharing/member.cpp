@@ -197,6 +197,9 @@ void ShareClient::follow_now() {
   if (asked) {
     std::size_t wanted = 0;
     if (j.table->take_wanted(j.index, wanted) && wanted > 0) {
+      // Fresh figures first: the asker reads from them whether our cache holds what it lacks,
+      // and maps while we release (Note [handing memory over while it is released]).
+      publish(j);
       given_back_.fetch_add(host_.give_back(wanted), std::memory_order_relaxed);
     }
     asks_served_.fetch_add(1, std::memory_order_relaxed);
@@ -254,8 +257,13 @@ void ShareClient::ask(const AskFor& need, const StillNeeded& still_needed) noexc
 // answers still lacks memory. Where the figures the split came from were stale (a member gave
 // less than its share), the asker asks again for what it still lacks, kAskRounds times at most,
 // all within one ask_wait, while the others' fresh figures say their cache holds it. Where their
-// cache cannot hold what the device lacks, nothing is mapped ahead (within_their_cache). Without
-// a byte count (a floor, or the shared ceiling in the way), each member gives back all of its cache.
+// cache cannot hold what the device lacks, nothing is mapped ahead (within_their_cache). Figures
+// are published once a responder's round (20 ms), so a member that has just freed its tensors
+// looks as if it cached nothing: an asked member publishes before it releases, and the asker,
+// while it waits, reads their figures again until they hold what it lacks (on an H100, 47.5 GiB
+// asked of a member that had freed it a few ms before took 0.116 s where the figures were read
+// once, as the asker mapped only after the answer). Without a byte count (a floor, or the shared
+// ceiling in the way), each member gives back all of its cache.
 namespace {
 constexpr int kAskRounds = 3;
 std::size_t cache_of(const SlotCopy& c) { return c.reserved - c.in_use; }  // in_use <= reserved as read
@@ -282,19 +290,20 @@ bool ShareClient::ask_others(std::size_t device_bytes, const StillNeeded& still_
   }
   const auto deadline = std::chrono::steady_clock::now() + options_.ask_wait;
   std::size_t lacking = SIZE_MAX;
-  bool handing_over = false;
+  Handover handover;
   if (device_bytes > 0) {  // chunk-accurate (GrowableSegments::most_mapped_for): no page-by-page growth after
     const std::optional<MemInfo> mem = host_.mem_info();
     lacking = mem && mem->free < device_bytes ? device_bytes - mem->free : device_bytes;
-    handing_over = still_needed && within_their_cache(copies, lacking);
+    handover.still_needed = still_needed ? &still_needed : nullptr;
+    handover.on = handover.still_needed && within_their_cache(copies, lacking);
   }
   for (int round = 1;; ++round) {
     std::vector<Asked> waited = ask_round(j, copies, lacking);
     publish(j);
-    const bool answered = wait_for(j, waited, deadline, handing_over ? &still_needed : nullptr, lacking);
+    const bool answered = wait_for(j, waited, deadline, handover, lacking);
     // Without handing over (their figures, up to a poll old, did not hold it), the answers end it:
     // the retry finds what they gave.
-    if (!handing_over || lacking == 0 || !answered || round == kAskRounds) break;
+    if (!handover.on || lacking == 0 || !answered || round == kAskRounds) break;
     copies = others(j);  // fresh figures: those answered publish theirs before they mark the answer
     if (!within_their_cache(copies, lacking)) break;
   }
@@ -339,11 +348,14 @@ std::vector<ShareClient::Asked> ShareClient::ask_round(const Joined& j, const st
   return waited;
 }
 
-// Waits for the members in `waited` to answer, calling `still_needed` (if any) meanwhile and once
-// after the last answer, its figure in `lacking`. True once they all answered or it reports 0;
-// false at the deadline (those that did not answer are noted slow).
+// Waits for the members in `waited` to answer. While handing over, it calls `still_needed`
+// meanwhile and once after the last answer, its figure in `lacking`; where the handover may start
+// but is not on yet (the others' figures, up to a poll old, did not hold `lacking`), it turns on
+// once their fresh figures do: an asked member publishes before it releases. True once they all
+// answered or `still_needed` reports 0; false at the deadline (those that did not answer are noted
+// slow).
 bool ShareClient::wait_for(const Joined& j, std::vector<Asked>& waited, std::chrono::steady_clock::time_point deadline,
-                           const StillNeeded* still_needed, std::size_t& lacking) {
+                           Handover& handover, std::size_t& lacking) {
   for (;;) {
     std::vector<Asked> unanswered;
     for (const Asked& a : waited) {
@@ -355,8 +367,9 @@ bool ShareClient::wait_for(const Joined& j, std::vector<Asked>& waited, std::chr
     }
     waited.swap(unanswered);
     const std::size_t before = lacking;
-    if (still_needed) {
-      lacking = (*still_needed)();
+    if (handover.still_needed && !handover.on) handover.on = within_their_cache(others(j), lacking);
+    if (handover.on) {
+      lacking = (*handover.still_needed)();
       if (lacking == 0) return true;
     }
     if (waited.empty()) return true;
@@ -367,7 +380,7 @@ bool ShareClient::wait_for(const Joined& j, std::vector<Asked>& waited, std::chr
       return false;
     }
     // Memory came back and was mapped: look again at once; else a short nap.
-    if (lacking >= before) std::this_thread::sleep_for(std::chrono::microseconds(still_needed ? 200 : 1000));
+    if (lacking >= before) std::this_thread::sleep_for(std::chrono::microseconds(handover.still_needed ? 200 : 1000));
   }
 }
 

@@ -149,8 +149,14 @@ class ShareClient final : public ShareHooks {
   // Asks the others (all their cache, or `lacking` bytes split over them by what they cache) and
   // returns those to wait for.
   std::vector<Asked> ask_round(const Joined& j, const std::vector<SlotCopy>& copies, std::size_t lacking);
+  // How an ask hands memory over: `still_needed` maps what the device holds of the request
+  // (nullptr: nothing is mapped ahead), once `on` (the others' cache holds what it lacks).
+  struct Handover {
+    const StillNeeded* still_needed = nullptr;
+    bool on = false;
+  };
   bool wait_for(const Joined& j, std::vector<Asked>& waited, std::chrono::steady_clock::time_point deadline,
-                const StillNeeded* still_needed, std::size_t& lacking);
+                Handover& handover, std::size_t& lacking);
   void rejoin(const std::string& why);
   void respond_loop();
 

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <new>
 #include <sys/mman.h>
 
@@ -69,9 +70,14 @@ class SharedSim : public gpumem::SimBackend {
     return false;
   }
   void unmap(int device, void* ptr, std::size_t bytes) override {
+    if (before_unmap) before_unmap();
     SimBackend::unmap(device, ptr, bytes);
     device_.give(bytes);
   }
+  // Called as each unmap begins (set before the member's threads start): a test holds a release
+  // part way with it.
+  std::function<void()> before_unmap;
+
   gpumem::MemInfo mem_info(int) override {
     const std::size_t used = device_.in_use.load();
     return {device_.capacity - used, device_.capacity};

@@ -395,6 +395,40 @@ TEST_CASE("sharing: while the asked member releases, the asker maps what the dev
   CHECK(device.peak.load() <= device.capacity);
 }
 
+TEST_CASE("sharing: a member asked just after it freed its tensors is handed over from while it releases") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(140 * GiB);
+  auto a = Member::growable(device, dir.table());
+  auto b = Member::growable(device, dir.table());
+  Block* big = a->alloc.malloc(100 * GiB, kStream0);
+  a->share->follow_now();  // published: 100 GiB in use, nothing cached
+  a->alloc.free(big);      // cached now; its figures in the table are a round old
+  const std::size_t free_before = b->backend.mem_info(0).free;
+  REQUIRE(free_before == 40 * GiB);
+  // A's first unmap waits (5 s at most) for B to map what the device holds: B must have read A's
+  // fresh figures while A releases, since the figures it asked from said A cached nothing.
+  std::atomic<bool> held{false};
+  std::atomic<std::size_t> b_during{0};
+  a->backend.before_unmap = [&] {
+    if (held.exchange(true)) return;
+    for (int i = 0; i < 5000 && b->alloc.reserved() < free_before - GrowableSegments::kMaxChunk; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    b_during = b->alloc.reserved();
+  };
+  a->share->start();
+  Block* got = b->alloc.malloc(60 * GiB, kStream0);
+  REQUIRE(got != nullptr);
+  CHECK(got->size >= 60 * GiB);
+  CHECK(held.load());
+  CHECK(b_during.load() >= free_before - GrowableSegments::kMaxChunk);
+  CHECK(a->share->status().given_back <= 60 * GiB - free_before + 2 * GrowableSegments::kMaxChunk);
+  CHECK(b->alloc.reserved() < 60 * GiB + GrowableSegments::kMaxChunk);  // one growth, not two
+  b->alloc.check_invariants();
+  CHECK(device.peak.load() <= device.capacity);
+  a->share->stop();
+}
+
 TEST_CASE("sharing: where the others' cache cannot hold what the device lacks, nothing is mapped ahead") {
   TempDir dir;
   SharedDevice& device = SharedDevice::make(140 * GiB);

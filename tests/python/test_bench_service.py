@@ -152,23 +152,29 @@ def test_the_trainers_batch_grows_a_quarter_every_four_good_steps_and_falls_back
 @pytest.mark.parametrize("total_gib", [79.2, 139.8])
 def test_sizes_follow_the_devices_memory(total_gib):
     total = int(total_gib * GiB)
-    size = bench.sizes(total, 0.30)
-    assert size["floor"] == size["service_cap"] == int(0.30 * total) // (1 << 20) * (1 << 20)
-    assert size["trainer_cap"] == total - size["floor"] - 3 * GiB // 2
-    assert 0.02 * total <= size["weights"] <= 0.05 * total
+    size = bench.sizes(total, 0.10, 0.25)
+    assert size["floor"] == int(0.10 * total) // (1 << 20) * (1 << 20)
+    assert 0.01 * total <= size["weights"] <= 0.03 * total
     assert 1 <= size["most_batch"] <= 32
-    assert 0.85 * size["floor"] <= size["largest_request_peak"] <= size["floor"]
-    bigger = bench.sizes(2 * total, 0.30)
+    assert size["floor"] < size["largest_request_peak"] <= 0.25 * total
+    # The split gives the service its largest request and a margin, the trainer the rest.
+    assert size["service_cap"] >= 1.25 * size["largest_request_peak"] and size["service_cap"] % (1 << 20) == 0
+    assert size["service_cap"] < 1.25 * size["largest_request_peak"] + (1 << 20)
+    assert size["trainer_cap"] == total - size["service_cap"] - 3 * GiB // 2
+    bigger = bench.sizes(2 * total, 0.10, 0.25)
     assert bigger["layers"] > size["layers"]
+    smaller_peak = bench.sizes(total, 0.10, 0.08)
+    assert smaller_peak["most_batch"] < size["most_batch"]
+    assert smaller_peak["largest_request_peak"] <= 0.08 * total
 
 
 def test_each_configuration_starts_its_processes_as_users_do():
-    size = bench.sizes(80 * GiB, 0.30)
+    size = bench.sizes(80 * GiB, 0.10, 0.25)
     native = bench.role_command("native", "service", size, ["--seed", "0"])
     assert native[1:] == [bench.HERE, "--role", "service", "--seed", "0"]
     split = bench.role_command("split", "train", size, [])
     assert split[1:6] == ["-m", "gpumem", "run", "--limit", str(size["trainer_cap"])] and split[6] == "--"
-    assert bench.role_command("split", "service", size, [])[5] == str(size["floor"])
+    assert bench.role_command("split", "service", size, [])[5] == str(size["service_cap"])
     service = bench.role_command("sharing", "service", size, [])
     assert service[1:7] == ["-m", "gpumem", "run", "--floor", str(size["floor"]), "--"]
     assert bench.role_command("sharing", "train", size, [])[1:6] == ["-m", "gpumem", "run", "--share", "--"]
@@ -182,7 +188,7 @@ def test_the_figure_draws_each_configuration_from_its_records(tmp_path):
                {"configuration": "sharing", "status": "failed", "sides": {"service": side(floored),
                                                                           "train": side(None, exit_status=1)}}]
     png = tmp_path / "service.png"
-    bench.plot(str(png), results, bench.sizes(80 * GiB, 0.30))
+    bench.plot(str(png), results, bench.sizes(80 * GiB, 0.10, 0.25))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
