@@ -42,7 +42,10 @@ may ask for. Its batch (BatchSchedule) starts at 2 and grows by 25 % every 4 ste
 a step that raises torch.OutOfMemoryError is counted, the batch goes back to the last one that
 worked (one 25 % rung down where that one failed now), holds there HOLD_S (20 s), then grows again.
 
-Both processes sample torch.cuda.memory_reserved() every 50 ms and write their records as JSON.
+Both processes sample torch.cuda.memory_reserved() every 50 ms and write their records as JSON;
+each trainer step's record holds, from torch.cuda.memory_stats() after it, the bytes mapped so far
+("mapped": reserved_bytes.all.allocated) and num_alloc_retries ("retries"), so that a step's
+differences say how much it mapped and how often it released cache to fit.
 During `sharing` the driver runs `python3 -m gpumem top` mid-run and near the end and saves what
 it prints to DIR/sharing-top-mid.txt and DIR/sharing-top-end.txt.
 
@@ -535,7 +538,10 @@ def trainer_main(args) -> dict:
             batch, t0 = schedule.batch, time.time()
             ok = train_step(torch, model, optimizer, batch)
             t1 = time.time()
-            record["steps"].append({"t0": round(t0, 4), "t1": round(t1, 4), "batch": batch, "ok": ok})
+            stats = torch.cuda.memory_stats(0)
+            record["steps"].append({"t0": round(t0, 4), "t1": round(t1, 4), "batch": batch, "ok": ok,
+                                    "mapped": stats.get("reserved_bytes.all.allocated", 0),
+                                    "retries": stats.get("num_alloc_retries", 0)})
             schedule.step_done(ok, t1)
     except Exception as error:
         record["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
