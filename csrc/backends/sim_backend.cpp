@@ -423,10 +423,76 @@ void SimBackend::unmap(int device, void* ptr, std::size_t bytes) {
   span.range->mappings.erase(span.range->mappings.lower_bound(span.first), span.range->mappings.lower_bound(span.first + span.count));
   span.mark(false);
   Device& d = device_locked(device);
+  const auto at = reinterpret_cast<std::uintptr_t>(ptr);
+  d.contents.erase(d.contents.lower_bound(at), d.contents.lower_bound(at + bytes));  // the memory is gone
   forget_exports(this, d.ledger, device, reinterpret_cast<std::uintptr_t>(ptr), bytes);
   d.ledger.in_use -= bytes;
   d.ledger.mapped -= bytes;
   ++d.ledger.unmaps;
+}
+
+namespace {
+
+using SimCopy = std::vector<std::pair<std::uintptr_t, std::uint64_t>>;
+
+}  // namespace
+
+void SimBackend::back_up(int device, std::vector<HostCopy>& copies) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Device& d = device_locked(device);
+  for (const HostCopy& c : copies) {
+    for (std::uintptr_t a = c.device_addr; a < c.device_addr + c.bytes; a += page_) {
+      if (!is_mapped_locked(d, a)) misuse("back_up", device, c.device_addr, c.bytes, "covers pages that are not mapped");
+    }
+  }
+  for (HostCopy& c : copies) {
+    auto* copy = new SimCopy(d.contents.lower_bound(c.device_addr), d.contents.lower_bound(c.device_addr + c.bytes));
+    c.host = copy;
+    d.ledger.backed_up += c.bytes;
+    d.ledger.host_held += c.bytes;
+  }
+}
+
+void SimBackend::restore(int device, const std::vector<HostCopy>& copies) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Device& d = device_locked(device);
+  for (const HostCopy& c : copies) {
+    if (!c.host) misuse("restore", device, c.device_addr, c.bytes, "names no backup");
+    for (std::uintptr_t a = c.device_addr; a < c.device_addr + c.bytes; a += page_) {
+      if (!is_mapped_locked(d, a)) misuse("restore", device, c.device_addr, c.bytes, "covers pages that are not mapped");
+    }
+  }
+  for (const HostCopy& c : copies) {
+    for (const auto& [addr, value] : *static_cast<const SimCopy*>(c.host)) d.contents[addr] = value;
+    d.ledger.restored += c.bytes;
+  }
+}
+
+void SimBackend::drop_backup(int device, std::vector<HostCopy>& copies) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Device& d = device_locked(device);
+  for (HostCopy& c : copies) {
+    if (!c.host) continue;
+    delete static_cast<SimCopy*>(c.host);
+    c.host = nullptr;
+    d.ledger.host_held -= c.bytes;
+  }
+}
+
+void SimBackend::write(int device, std::uintptr_t addr, std::uint64_t value) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Device& d = device_locked(device);
+  if (!is_mapped_locked(d, addr)) misuse("write", device, addr, sizeof value, "is not mapped");
+  d.contents[addr] = value;
+}
+
+std::optional<std::uint64_t> SimBackend::read(int device, std::uintptr_t addr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Device& d = device_locked(device);
+  if (!is_mapped_locked(d, addr)) misuse("read", device, addr, sizeof(std::uint64_t), "is not mapped");
+  const auto it = d.contents.find(addr);
+  if (it == d.contents.end()) return std::nullopt;
+  return it->second;
 }
 
 void SimBackend::grant_peer(int device, int peer) {

@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <unordered_map>
@@ -76,6 +77,15 @@ class SimBackend : public Backend {
   bool map(int device, void* ptr, std::size_t bytes, std::size_t chunk) override;
   void unmap(int device, void* ptr, std::size_t bytes) override;
   void grant_peer(int device, int peer) override;
+  // Backups of a paused region: each copy holds the values written (write()) in its range; every
+  // page of a range must be mapped (else a logic_error), and restore writes them back.
+  void back_up(int device, std::vector<HostCopy>& copies) override;
+  void restore(int device, const std::vector<HostCopy>& copies) override;
+  void drop_backup(int device, std::vector<HostCopy>& copies) noexcept override;
+  // Device memory's contents, simulated: a value at an address of a mapped page, lost when the
+  // page is unmapped. read() of an address with no value written since is nullopt.
+  void write(int device, std::uintptr_t addr, std::uint64_t value);
+  std::optional<std::uint64_t> read(int device, std::uintptr_t addr) const;
 
   // Stream capture as the core sees it: a marker stands for the work a stream queued so far, and a
   // stream follows it once it has waited for that stream since (wait_stream, as cudaStreamWaitEvent
@@ -152,6 +162,9 @@ class SimBackend : public Backend {
     std::size_t address_ranges = 0;  // live reserved address ranges
     std::size_t exports = 0;         // segments and chunks exported now (handles other processes may open)
     std::size_t imported = 0;        // bytes opened from other processes now (not in in_use)
+    std::size_t backed_up = 0;       // bytes back_up copied to the host, ever
+    std::size_t restored = 0;        // bytes restore copied back, ever
+    std::size_t host_held = 0;       // bytes of backups held now
   };
   Ledger ledger(int device) const;
   void reset_peak(int device);
@@ -198,6 +211,7 @@ class SimBackend : public Backend {
     std::size_t others = 0;
     std::vector<ProcessUse> processes;  // set_processes's
     std::map<std::uintptr_t, std::size_t> imported;  // opened from other processes: address -> bytes
+    std::map<std::uintptr_t, std::uint64_t> contents;  // write()'s values, on mapped pages
   };
 
   // The device, made on first use; DeviceError for an index outside 0..device_count()-1.

@@ -34,6 +34,13 @@ struct MemInfo {
   std::size_t total = 0;
 };
 
+// A range of device memory and its copy in host memory (Backend::back_up).
+struct HostCopy {
+  std::uintptr_t device_addr = 0;
+  std::size_t bytes = 0;
+  void* host = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -92,6 +99,16 @@ class Backend {
   // From now on `peer` may access every page mapped on `device`, those mapped already included.
   virtual void grant_peer(int /*device*/, int /*peer*/) {}
 
+  // ---- Backups of a paused region (core/pause.cpp) ----
+  // Copies each range [device_addr, device_addr + bytes) to host memory the device copies to at
+  // full speed (pinned), which it allocates into `host`; all done when it returns. On a throw it
+  // has freed what it allocated (every `host` null again).
+  virtual void back_up(int /*device*/, std::vector<HostCopy>& /*copies*/) { throw no_backup(); }
+  // Copies each back to its range (mapped again at the same address); all done when it returns.
+  virtual void restore(int /*device*/, const std::vector<HostCopy>& /*copies*/) { throw no_backup(); }
+  // Frees the host memory back_up allocated (each `host` null again).
+  virtual void drop_backup(int /*device*/, std::vector<HostCopy>& /*copies*/) noexcept {}
+
   // ---- Stream capture, for reusing a block freed during a capture (core/capture_reuse.cpp) ----
   // Events cannot be queried while a graph captures, so a block freed then while other streams
   // used it waits for the capture to end, unless the backend can tell from the graph itself.
@@ -130,6 +147,9 @@ class Backend {
   virtual void close_chunks(int /*device*/, void* /*ptr*/, const std::vector<std::size_t>& /*bytes*/) { throw no_sharing("close_chunks"); }
 
  private:
+  static std::runtime_error no_backup() {
+    return std::runtime_error("gpumem: this backend cannot copy device memory to the host (a paused region's backup)");
+  }
   static std::runtime_error no_sharing(const char* call) {
     return std::runtime_error(std::string("gpumem: this backend cannot share memory with other processes (") + call + ")");
   }

@@ -133,6 +133,9 @@ struct Segment {
   // mapped by one Backend::map call and goes back whole (Note [physical chunks],
   // core/growable_segments.cpp). `size` is whole chunks.
   std::set<std::uintptr_t> chunks;
+  // A paused region's chunks (core/pause.cpp): unmapped, to be mapped again at the same addresses.
+  // Its mapped blocks lie on them meanwhile; `chunks` is empty then.
+  std::set<std::uintptr_t> paused;
   std::size_t chunk = 0;         // a growable segment's chunk size; 0 for a plain segment
   std::uint64_t serial = 0;      // creation order: lower is older
   SegmentSource* source = nullptr;  // where it goes back: its pool's source
@@ -154,6 +157,8 @@ struct Segment {
   void remove_chunks(std::uintptr_t lo, std::uintptr_t hi) { chunks.erase(chunks.lower_bound(lo), chunks.lower_bound(hi)); }
   // Bytes backed by memory: all of a plain segment, a growable one's chunks.
   std::size_t mapped() const { return growable ? chunks.size() * chunk : size; }
+  // Bytes its mapped blocks lie on: mapped() and, while paused, its paused chunks.
+  std::size_t laid() const { return mapped() + paused.size() * chunk; }
 
   // A plain segment that is one free block: it can go back to the device whole.
   bool is_unused() const { return !growable && head->is_free() && head->size == size; }

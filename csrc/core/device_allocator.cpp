@@ -221,6 +221,31 @@ void DeviceAllocator::end_allocate_to_pool(PoolId id) {
   core_.end_target(id);
 }
 
+void DeviceAllocator::create_region(PoolId id) {
+  const WholeDevice whole(core_);
+  core_.create_region(id);
+}
+
+std::size_t DeviceAllocator::pause(PoolId id, bool backup) {
+  const WholeDevice whole(core_);
+  return core_.pause(id, backup);
+}
+
+std::size_t DeviceAllocator::resume(PoolId id) {
+  const WholeDevice whole(core_);
+  return core_.resume(id);
+}
+
+std::size_t DeviceAllocator::paused_bytes() const {
+  const WholeDevice whole(core_);
+  return core_.paused_bytes();
+}
+
+std::size_t DeviceAllocator::paused_allocated() const {
+  const WholeDevice whole(core_);
+  return core_.paused_allocated();
+}
+
 void DeviceAllocator::release_pool(PoolId id) {
   const WholeDevice whole(core_);
   core_.release_pool(id);

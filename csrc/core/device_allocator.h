@@ -145,6 +145,15 @@ class DeviceAllocator {
   // An unknown pool, or turning kNoSplit off, throws std::invalid_argument.
   void set_pool_option(PoolId id, PoolOption option, bool on);
 
+  // ---- regions, paused and resumed (core/pause.cpp; DeviceCore says what each does) ----
+  // A region is a private pool: its requests come from it while begin_allocate_to_pool names it.
+  void create_region(PoolId id);
+  std::size_t pause(PoolId id, bool backup);
+  std::size_t resume(PoolId id);
+  // The bytes paused regions gave back, and their live blocks' bytes.
+  std::size_t paused_bytes() const;
+  std::size_t paused_allocated() const;
+
   // Throws std::logic_error describing the first broken invariant (see block.h).
   void check_invariants() const;
 

@@ -86,6 +86,7 @@ DeviceCore::~DeviceCore() {
   // throw (it would end the process): a backend call that fails now leaves that memory to the
   // driver, which frees it with the process. The events and uncached memory go with their owners.
   for (const auto& [addr, segment] : d_.segments) sources_.of(*segment).drop(*segment);
+  for (auto& [id, copies] : backups_) d_.backend.drop_backup(d_.device, copies);
 }
 
 // ---- malloc: the fallback chain ----
@@ -201,6 +202,9 @@ std::size_t DeviceCore::device_lacks(std::size_t bytes) const {
     while (Block* block = events_.take_followed(stream)) free_pending(block);
   }
   Request r{&pool_for(stream), is_small(size), stream, size};
+  if (r.pool->paused()) {
+    throw std::runtime_error("gpumem: allocating in a paused region: resume it first (gpumem.resume), or allocate outside it");
+  }
 
   d_.arena_for(stream).keep_one();  // as in the lanes: before a cached block leaves the free set
   Block* block = try_cached(*r.pool, r);
@@ -249,7 +253,8 @@ FreeBins* DeviceCore::find_lane_bins(LaneSlot& slot, bool small) {
 }
 
 std::size_t DeviceCore::allocated() const {
-  return static_cast<std::size_t>(d_.accounts.ledger().allocated_bytes());  // uncached memory among them
+  // Uncached memory among them; paused regions' blocks not: they hold no memory (core/pause.cpp).
+  return static_cast<std::size_t>(d_.accounts.ledger().allocated_bytes()) - paused_allocated_;
 }
 
 // Hands out the front of `block`, returning the rest to the pool where the block is worth cutting
@@ -277,9 +282,10 @@ std::size_t DeviceCore::allocated() const {
   return block;
 }
 
-void DeviceCore::throw_oom(std::size_t requested, std::size_t size, bool device_refused) {
+void DeviceCore::throw_oom(std::size_t requested, std::size_t size, bool device_refused, std::size_t resuming) {
   OomInfo info;
   info.device = d_.device;
+  info.resuming = resuming;
   info.requested = requested;
   info.allocated = allocated();
   info.reserved = d_.accounts.cap().reserved();
@@ -337,6 +343,7 @@ void DeviceCore::free(Block* block) {
   ++on_device_;
   if (!block->allocated) throw std::logic_error("gpumem: block freed twice or never allocated");
   block->mark_freed();
+  if (block->segment->pool->paused()) paused_allocated_ -= block->size;  // a tensor freed while paused
   if (block->stream_uses.empty()) {
     release_.after_free(free_block(block, nullptr, true));
     debug_check();

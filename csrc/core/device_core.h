@@ -20,8 +20,10 @@
 
 #include <atomic>
 #include <cstddef>
+#include <map>
 #include <optional>
 #include <stdexcept>
+#include <vector>
 
 #include "core/backend.h"
 #include "core/device_state.h"
@@ -126,6 +128,23 @@ class DeviceCore {
   void end_target(PoolId pool);
   void release_pool(PoolId pool);
   std::size_t largest_free_block() const;
+
+  // ---- regions, paused and resumed (core/pause.cpp) ----
+  // Makes `id` a region's pool (growable segments wherever the backend maps pages), held for good;
+  // throws std::invalid_argument where pages cannot be mapped or `id` is a pool already.
+  void create_region(PoolId id);
+  // Gives back the region's free cache, then unmaps the chunks of its live blocks, after copying
+  // them to host memory with `backup`; returns the bytes paused (0 if it was paused already).
+  // Waits for the device's queued work first. Throws std::logic_error while a pool target is
+  // active (nothing may be unmapped then), changing nothing.
+  std::size_t pause(PoolId id, bool backup);
+  // Maps the paused chunks again at the same addresses, under the cap, and restores the backup;
+  // returns the bytes resumed (0 if it was not paused). Where the cap or the device refuses, throws
+  // OutOfMemoryError naming the paused bytes, the region still paused and nothing changed.
+  std::size_t resume(PoolId id);
+  // The bytes paused regions gave back (their chunks), and their live blocks' bytes.
+  std::size_t paused_bytes() const { return paused_bytes_; }
+  std::size_t paused_allocated() const { return paused_allocated_; }
   // Waits until memory on its way back (d_.departing) is back; with no lock held.
   void wait_for_departures() { d_.departing.wait(); }
   // Whether asks handed out (Asking) still run with no lock held (a forked child has none, whatever
@@ -210,8 +229,10 @@ class DeviceCore {
   // the caller's free, which also leaves allocation (a pending block left it already).
   inline Block* free_block(Block* block, const InLane* lane, bool released);
   void free_pending(Block* block);  // a freed block no stream uses any more
-  // `device_refused`: the device, not the cap, refused new memory for the request.
-  [[noreturn]] void throw_oom(std::size_t requested, std::size_t size, bool device_refused = false);
+  // `device_refused`: the device, not the cap, refused new memory for the request; `resuming`: the
+  // paused bytes of a region that could not be resumed (core/pause.cpp), 0 for a request.
+  [[noreturn]] void throw_oom(std::size_t requested, std::size_t size, bool device_refused = false,
+                              std::size_t resuming = 0);
   // Allocated blocks and uncached memory: what the cap is measured against.
   std::size_t allocated() const;
   // The pool a request on `stream` goes to: the default pool unless a pool target takes the stream.
@@ -243,6 +264,13 @@ class DeviceCore {
   ShareHooks* share_ = nullptr;  // the GPU's sharing (core/share_hooks.h), where this process shares it
   std::atomic<int> asks_in_flight_{0};  // asks running with no lock held (set_share waits for them)
   int asks_process_ = 0;                // the process they run in (under the whole device)
+  // Paused regions (core/pause.cpp): their backups, the bytes they unmapped, and their live blocks'
+  // bytes, which allocated() leaves out (they hold no memory while paused).
+  std::map<PoolId, std::vector<HostCopy>> backups_;
+  std::size_t paused_bytes_ = 0;
+  std::size_t paused_allocated_ = 0;
+  Pool& region_of(PoolId id) const;
+  std::size_t live_bytes_of(const Pool& pool) const;
 };
 
 }  // namespace gpumem

@@ -67,8 +67,11 @@ struct DeviceState {
   // unmaps.
   bool capturing() const { return pools.capturing(); }
   SegmentSource& source_of(const Pool& pool) { return pool.source() ? *pool.source() : backend_source; }
-  // The default pool's cache, and a private pool's once nobody holds it, may go back.
-  bool releasable_pool(const Pool& pool) const { return &pool == &default_pool || pool.use_count() == 0; }
+  // The default pool's cache, a region's, and a private pool's once nobody holds it, may go back;
+  // nothing of a paused region (core/pause.cpp).
+  bool releasable_pool(const Pool& pool) const {
+    return &pool == &default_pool || (pool.region() ? !pool.paused() : pool.use_count() == 0);
+  }
 
   // Where the blocks of `stream` come from and go back to, on every path.
   BlockArena& arena_for(StreamId stream) { return lanes.arena_for(stream); }

@@ -144,7 +144,11 @@ std::string oom_message(const OomInfo& i) {
   constexpr std::size_t kOneExbibyte = std::size_t{1} << 60;
   const std::string tried = i.requested >= kOneExbibyte ? "more than 1EB memory" : native_size(i.requested);
   const std::string allowed = i.limit < i.device_total ? native_size(i.limit) + " allowed; " : "";
-  return "CUDA out of memory. Tried to allocate " + tried + ". GPU " + std::to_string(i.device) +
+  const std::string resuming =
+      i.resuming == 0 ? "" : "gpumem: resuming a paused region needs its " + native_size(i.resuming) +
+                                 " paused mapped again; it stays paused, its tensors keeping their addresses (and "
+                                 "backup): resume it again once that much is free. ";
+  return resuming + "CUDA out of memory. Tried to allocate " + tried + ". GPU " + std::to_string(i.device) +
          " has a total capacity of " + native_size(i.device_total) + " of which " + native_size(i.device_free) +
          " is free. " + allowed + "Of the allocated memory " + native_size(i.allocated) +
          " is allocated by PyTorch, and " + native_size(i.reserved - std::min(i.reserved, i.allocated)) +

@@ -70,6 +70,7 @@ struct OomInfo {
   std::size_t largest_free_block = 0;
   std::string sharing;  // who else shares the GPU and holds what (sharing/member.cpp); "" if none
   bool neighbours = false;  // the others sharing the GPU left too little; the limit itself had room
+  std::size_t resuming = 0;  // a paused region's bytes that could not be mapped again (core/pause.cpp); 0 for a request
 };
 
 // Derives from std::bad_alloc so generic C++ code treats it as an allocation failure.

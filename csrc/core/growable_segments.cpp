@@ -51,7 +51,7 @@ Block* GrowableSegments::grow(Request& r) {
   bool no_range = false;
   Block* block = grow_in_chunks(r, chunk, no_range);
   if (!block && !no_range && chunk > page_size_) block = grow_in_chunks(r, page_size_, no_range);
-  if (!block && no_range) return plain_.grow(r);
+  if (!block && no_range && !r.pool->region()) return plain_.grow(r);  // a region's must keep its addresses
   return block;
 }
 
@@ -426,12 +426,87 @@ void GrowableSegments::release_range(Segment* segment) {
   d_.erase_segment(segment);
 }
 
-// The destructor's: every mapped stretch unmapped, then the address range.
+// The destructor's: every mapped stretch unmapped (none while paused), then the address range.
 void GrowableSegments::drop(const Segment& segment) noexcept {
+  if (!segment.paused.empty()) {
+    quietly([&] { d_.backend.release_address(d_.device, segment.head->ptr(), segment.size); });
+    return;
+  }
   for_each_stretch(segment, [&](const Block* first, const Block*, std::uintptr_t stop) {
     quietly([&] { d_.backend.unmap(d_.device, first->ptr(), stop - first->addr); });
   });
   quietly([&] { d_.backend.release_address(d_.device, segment.head->ptr(), segment.size); });
+}
+
+// ---- pausing a region (core/pause.cpp) ----
+
+namespace {
+
+// Calls f(lo, hi) for each run of adjacent chunks in `chunks`, in address order.
+template <typename F>
+void for_each_run(const std::set<std::uintptr_t>& chunks, std::size_t chunk, F f) {
+  for (auto it = chunks.begin(); it != chunks.end();) {
+    const std::uintptr_t lo = *it;
+    std::uintptr_t hi = lo + chunk;
+    for (++it; it != chunks.end() && *it == hi; ++it) hi += chunk;
+    f(lo, hi);
+  }
+}
+
+}  // namespace
+
+std::size_t GrowableSegments::unmap_cached_of(const Pool& pool) {
+  std::vector<Block*> blocks;
+  for (const auto& [addr, segment] : d_.segments) {
+    if (segment->pool != &pool || !segment->growable) continue;
+    for (Block* b = segment->head; b; b = b->next) {
+      if (holds_free_page(b)) blocks.push_back(b);
+    }
+  }
+  return unmap_until(blocks, SIZE_MAX, false);
+}
+
+std::size_t GrowableSegments::pause(Segment& segment) {
+  const std::size_t bytes = segment.mapped();
+  for_each_run(segment.chunks, segment.chunk, [&](std::uintptr_t lo, std::uintptr_t hi) {
+    d_.backend.unmap(d_.device, reinterpret_cast<void*>(lo), hi - lo);
+  });
+  segment.paused.swap(segment.chunks);
+  segment.chunks.clear();
+  d_.accounts.unmap_pages(segment.small, bytes);
+  return bytes;
+}
+
+bool GrowableSegments::resume(Segment& segment, bool& device_refused) {
+  const std::size_t bytes = segment.paused.size() * segment.chunk;
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> runs;
+  for_each_run(segment.paused, segment.chunk, [&](std::uintptr_t lo, std::uintptr_t hi) { runs.emplace_back(lo, hi); });
+  // Each run mapped, or none: a run the device refuses, or that throws, unmaps those before it.
+  const auto map_all = [&] {
+    std::size_t done = 0;
+    const auto undo = [&] {
+      for (std::size_t i = 0; i < done; ++i) {
+        quietly([&] { d_.backend.unmap(d_.device, reinterpret_cast<void*>(runs[i].first), runs[i].second - runs[i].first); });
+      }
+    };
+    try {
+      for (; done < runs.size(); ++done) {
+        const auto [lo, hi] = runs[done];
+        if (!d_.backend.map(d_.device, reinterpret_cast<void*>(lo), hi - lo, segment.chunk)) {
+          undo();
+          return false;
+        }
+      }
+    } catch (...) {
+      undo();
+      throw;
+    }
+    return true;
+  };
+  if (!d_.accounts.map_pages(device_refused, segment.small, bytes, map_all)) return false;
+  segment.chunks.swap(segment.paused);
+  segment.paused.clear();
+  return true;
 }
 
 }  // namespace gpumem

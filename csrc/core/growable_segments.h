@@ -26,8 +26,11 @@ class GrowableSegments final : public MemorySource {
 
   // The backend's mapping granularity, 0 where it cannot map pages; set once, before any growth.
   void set_page_size(std::size_t page_size) { page_size_ = page_size; }
-  // Whether new memory of `pool` comes from here: the default pool, while asked for and supported.
-  bool serves(const Pool& pool) const { return in_effect() && &pool == &d_.default_pool; }
+  // Whether new memory of `pool` comes from here: the default pool, while asked for and supported;
+  // a region's wherever supported (its memory must keep its addresses: core/pause.cpp).
+  bool serves(const Pool& pool) const {
+    return (in_effect() && &pool == &d_.default_pool) || (supported() && pool.region());
+  }
   void set_on(bool on) { on_ = on; }
   void set_large_chunk(std::size_t bytes) { large_chunk_ = bytes; }
   // The chunk the large pool's requests under kChunksPerGrowth of them are mapped in: the least power-of-two
@@ -57,6 +60,15 @@ class GrowableSegments final : public MemorySource {
   std::size_t release(std::size_t bytes, ReleaseOrder order) override;
   // Gives back the address ranges with no page mapped.
   void drop_empty() override;
+  // Unmaps every chunk of `segment` (a paused region's, its free whole chunks already gone) and
+  // files them as paused; returns their bytes. The device must be synchronized. Maps them again
+  // at the same addresses, under the cap: false, with nothing of them mapped, where the cap or
+  // the device refused (`device_refused` says which).
+  std::size_t pause(Segment& segment);
+  bool resume(Segment& segment, bool& device_refused);
+  // Unmaps the whole chunks inside the cached blocks of `pool`; returns the bytes. The device must
+  // be synchronized.
+  std::size_t unmap_cached_of(const Pool& pool);
   bool frees_memory(const Block& merged) const override { return holds_free_page(&merged); }
   void drop(const Segment& segment) noexcept override;
   // Blocks the unmapping walks have looked at, ever: what a release or a growth past the high mark

@@ -75,24 +75,25 @@ void check_source(int device, const Segment& s, const SegmentSource* backend_sou
 
 // A growable segment's chunks tile its mapped stretches: disjoint, all of the segment's chunk size
 // (whole pages, and the segment whole chunks), inside the segment, and none reaching into an
-// unmapped block (their sum, Segment::mapped(), is checked against the blocks in check_segment).
+// unmapped block; a paused segment's paused chunks the same (their sum, Segment::laid(), is checked against the blocks in check_segment).
 void check_chunks(int device, const Segment& s, std::size_t page) {
   if (!s.growable) {
     if (!s.chunks.empty() || s.chunk != 0) broken(device, "plain segment with chunks", s.addr);
     return;
   }
   if (s.chunk == 0 || s.chunk % page != 0 || s.size % s.chunk != 0) broken(device, "growable segment is not whole chunks", s.addr);
+  const std::set<std::uintptr_t>& chunks = s.paused.empty() ? s.chunks : s.paused;  // a paused segment's lie paused
   std::uintptr_t end = s.addr;
-  for (const std::uintptr_t addr : s.chunks) {
+  for (const std::uintptr_t addr : chunks) {
     if (addr < end || (addr - s.addr) % s.chunk != 0) broken(device, "chunks overlap or are not the segment's chunks", addr);
     if (addr + s.chunk > s.addr + s.size) broken(device, "chunk reaches past its segment", addr);
     end = addr + s.chunk;
   }
   for (const Block* b = s.head; b; b = b->next) {
     if (b->mapped) continue;
-    auto it = s.chunks.lower_bound(b->addr);
-    const bool inside = it != s.chunks.end() && *it < b->addr + b->size;
-    const bool before = it != s.chunks.begin() && *std::prev(it) + s.chunk > b->addr;
+    auto it = chunks.lower_bound(b->addr);
+    const bool inside = it != chunks.end() && *it < b->addr + b->size;
+    const bool before = it != chunks.begin() && *std::prev(it) + s.chunk > b->addr;
     if (inside || before) broken(device, "a chunk reaches into an unmapped block", b->addr);
   }
 }
@@ -122,7 +123,8 @@ void check_segment(int device, const Segment& s, std::size_t page, Recount& r) {
     count_block(r, *b, s.small, s.growable);
   }
   if (total != s.size) broken(device, "block sizes do not sum to the segment size", s.addr);
-  if (s.mapped() != s.size - unmapped) broken(device, "mapped bytes differ from the segment less its unmapped blocks", s.addr);
+  if (s.laid() != s.size - unmapped) broken(device, "mapped bytes differ from the segment less its unmapped blocks", s.addr);
+  if (!s.paused.empty() && (!s.chunks.empty() || !s.pool->paused())) broken(device, "a segment is partly paused, or paused in a pool that is not", s.addr);
   check_chunks(device, s, page);
 }
 

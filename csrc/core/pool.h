@@ -45,6 +45,14 @@ class Pool {
 
   bool no_split() const { return no_split_; }
   bool use_on_oom() const { return use_on_oom_; }
+  // A region's pool (gpumem.region): growable segments whatever the process's default, so that its
+  // memory can be paused and resumed at the same addresses (core/pause.cpp). Set once, at creation.
+  bool region() const { return region_; }
+  void make_region() { region_ = true; }
+  // Paused: its chunks are unmapped (core/pause.cpp); it serves no request and gives nothing back
+  // until resumed.
+  bool paused() const { return paused_; }
+  void set_paused(bool paused) { paused_ = paused; }
   // Throws std::invalid_argument, changing nothing, for turning no_split off.
   void set_option(PoolOption option, bool on) {
     if (option == PoolOption::kUseOnOom) {
@@ -77,6 +85,8 @@ class Pool {
   // every allocation, so both sit on a cache line already loaded.
   bool no_split_ = false;    // blocks are never split: each of its segments is one block
   bool use_on_oom_ = false;  // while held, its cached free blocks may serve default-pool requests on OOM
+  bool region_ = false;
+  bool paused_ = false;
   FreeBlocks small_blocks_;
   FreeBlocks large_blocks_;
   FreeBlocks unmapped_small_;  // unmapped blocks of growable segments, by the segment's size class

@@ -1,0 +1,146 @@
+// Regions, paused and resumed: a process parks the memory of live tensors and gets it back at the
+// same addresses.
+//
+// Design note. A region (gpumem.region) is a private pool whose requests come from it while its
+// target is active, as a MemPool's do, but whose segments are growable even where the process's
+// default is plain: pausing unmaps physical memory under a fixed address range and resuming maps
+// it there again, which plain segments (one cudaMalloc each) cannot do. So a region refuses where
+// the backend cannot map pages, and its growths never fall back to plain segments.
+//
+// pause() waits for the device's queued work (nothing may read a chunk once it is unmapped), gives
+// back the region's free cache as a release does (its whole free chunks go), copies each run of
+// the chunks left to host memory where a backup is asked for, and unmaps them: each growable
+// segment's chunks move to Segment::paused and the cap and the statistics' reserved drop by their
+// bytes. The blocks stay as they were: a tensor keeps its address, an allocated block stays
+// allocated in the statistics, and a block freed meanwhile goes to the region's free set as
+// usual. Nothing hands out or gives back a paused region's memory: malloc refuses a request
+// whose target is a paused region, and releasable_pool() leaves it out of every release (its
+// segments hold no chunk, so the growable release would find nothing anyway). What the cap
+// measures requests against, allocated(), leaves out the paused regions' live bytes.
+//
+// resume() maps every paused chunk again (each run in chunks of its segment's size, one Backend::
+// map call a run) under the cap, as a growth is; where the cap or the device refuses one, the
+// runs mapped so far go back and the error names the paused bytes: the region stays paused and
+// its tensors keep their backup. Then the backup is copied back and freed. Blocks freed while
+// paused come back as cached memory, which the next release gives back.
+#include <stdexcept>
+#include <string>
+
+#include "core/device_core.h"
+
+namespace gpumem {
+
+void DeviceCore::create_region(PoolId id) {
+  if (sources_.growable.page_size() == 0) {
+    throw std::invalid_argument("gpumem: a region needs growable segments, and this device cannot map pages (no CUDA "
+                                "virtual memory management): its memory could not keep its addresses when paused");
+  }
+  d_.pools.create(id, nullptr);
+  Pool& pool = d_.pools.existing(id);
+  if (pool.use_count() != 1 || pool.region()) {
+    d_.pools.drop_holder(id);
+    throw std::invalid_argument("gpumem: that pool exists already; a region's pool is its own");
+  }
+  pool.make_region();
+}
+
+Pool& DeviceCore::region_of(PoolId id) const {
+  Pool& pool = d_.pools.existing(id);
+  if (!pool.region()) throw std::invalid_argument("gpumem: that pool is not a region");
+  return pool;
+}
+
+std::size_t DeviceCore::live_bytes_of(const Pool& pool) const {
+  std::size_t live = 0;
+  for (const auto& [addr, segment] : d_.segments) {
+    if (segment->pool != &pool) continue;
+    for (const Block* b = segment->head; b; b = b->next) {
+      if (b->mapped && !b->is_free()) live += b->size;
+    }
+  }
+  return live;
+}
+
+std::size_t DeviceCore::pause(PoolId id, bool backup) {
+  Pool& pool = region_of(id);
+  if (pool.paused()) return 0;
+  if (d_.capturing()) {
+    throw std::logic_error("gpumem: cannot pause a region while a pool is the allocation target (inside gpumem.region, "
+                           "torch.cuda.use_mem_pool or a CUDA graph capture): pause after it ends");
+  }
+  d_.accounts.synced_all_streams();
+  d_.backend.synchronize(d_.device);  // the streams' work on the region is done: nothing reads it once unmapped
+  process_events();
+  sources_.growable.unmap_cached_of(pool);
+  std::vector<Segment*> segments;
+  std::vector<HostCopy> copies;
+  for (const auto& [addr, segment] : d_.segments) {
+    if (segment->pool == &pool) segments.push_back(segment.get());
+  }
+  if (backup) {  // a copy for each run of adjacent chunks
+    for (Segment* segment : segments) {
+      std::uintptr_t lo = 0, hi = 0;
+      for (const std::uintptr_t c : segment->chunks) {
+        if (c != hi) {
+          if (hi > lo) copies.push_back({lo, hi - lo, nullptr});
+          lo = c;
+        }
+        hi = c + segment->chunk;
+      }
+      if (hi > lo) copies.push_back({lo, hi - lo, nullptr});
+    }
+    d_.backend.back_up(d_.device, copies);  // throws having freed what it allocated: nothing changed yet
+  }
+  std::size_t bytes = 0;
+  for (Segment* segment : segments) bytes += sources_.growable.pause(*segment);
+  paused_allocated_ += live_bytes_of(pool);
+  paused_bytes_ += bytes;
+  pool.set_paused(true);
+  if (!copies.empty()) backups_[id] = std::move(copies);
+  debug_check();
+  return bytes;
+}
+
+std::size_t DeviceCore::resume(PoolId id) {
+  Pool& pool = region_of(id);
+  if (!pool.paused()) return 0;
+  std::vector<Segment*> segments;
+  std::size_t bytes = 0;
+  for (const auto& [addr, segment] : d_.segments) {
+    if (segment->pool != &pool) continue;
+    segments.push_back(segment.get());
+    bytes += segment->paused.size() * segment->chunk;
+  }
+  bool device_refused = false;
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    bool mapped = false;
+    try {
+      mapped = sources_.growable.resume(*segments[i], device_refused);
+    } catch (...) {
+      for (std::size_t j = 0; j < i; ++j) sources_.growable.pause(*segments[j]);
+      throw;
+    }
+    if (!mapped) {
+      for (std::size_t j = 0; j < i; ++j) sources_.growable.pause(*segments[j]);
+      throw_oom(bytes, bytes, device_refused, bytes);
+    }
+  }
+  const auto backup = backups_.find(id);
+  if (backup != backups_.end()) {
+    try {
+      d_.backend.restore(d_.device, backup->second);
+    } catch (...) {
+      for (Segment* segment : segments) sources_.growable.pause(*segment);
+      throw;
+    }
+    d_.backend.drop_backup(d_.device, backup->second);
+    backups_.erase(backup);
+  }
+  paused_allocated_ -= live_bytes_of(pool);
+  paused_bytes_ -= bytes;
+  pool.set_paused(false);
+  debug_check();
+  return bytes;
+}
+
+}  // namespace gpumem
