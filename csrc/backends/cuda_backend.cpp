@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include <algorithm>
+#include <array>
 #include <iterator>
 #include <map>
 #include <stdexcept>
@@ -350,6 +351,69 @@ void CudaBackend::synchronize(int device) {
 void CudaBackend::synchronize_stream(int device, StreamId stream) {
   DeviceScope scope(device);
   check(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+}
+
+// ---- Backups of paused regions ----------------------------------------------------------------
+
+namespace {
+
+// Copies every range between the device and its host copy, in pieces alternating between two
+// streams of their own (so that one piece's setup overlaps another's transfer), and waits for
+// them all. The streams go whatever happens.
+void copy_all(const std::vector<HostCopy>& copies, bool to_host) {
+  constexpr std::size_t kPiece = std::size_t{64} << 20;
+  std::array<cudaStream_t, 2> streams{};
+  for (cudaStream_t& stream : streams) check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  cudaError_t status = cudaSuccess;
+  std::size_t piece = 0;
+  for (const HostCopy& c : copies) {
+    for (std::size_t at = 0; at < c.bytes && status == cudaSuccess; at += kPiece, ++piece) {
+      const std::size_t n = std::min(kPiece, c.bytes - at);
+      void* device_ptr = reinterpret_cast<void*>(c.device_addr + at);
+      void* host_ptr = static_cast<char*>(c.host) + at;
+      status = to_host ? cudaMemcpyAsync(host_ptr, device_ptr, n, cudaMemcpyDeviceToHost, streams[piece % 2])
+                       : cudaMemcpyAsync(device_ptr, host_ptr, n, cudaMemcpyHostToDevice, streams[piece % 2]);
+    }
+  }
+  for (cudaStream_t stream : streams) {
+    const cudaError_t synced = cudaStreamSynchronize(stream);
+    if (status == cudaSuccess) status = synced;
+    cudaStreamDestroy(stream);
+  }
+  check(status, to_host ? "copying a paused region to the host" : "copying a paused region back to the device");
+}
+
+}  // namespace
+
+void CudaBackend::back_up(int device, std::vector<HostCopy>& copies) {
+  DeviceScope scope(device);
+  try {
+    for (HostCopy& c : copies) {
+      const cudaError_t status = cudaHostAlloc(&c.host, c.bytes, cudaHostAllocDefault);
+      if (status != cudaSuccess) {
+        c.host = nullptr;
+        cudaGetLastError();
+        throw std::runtime_error("gpumem: cannot back up a paused region: pinned host memory for " + std::to_string(c.bytes) +
+                                 " bytes could not be had (" + cudaGetErrorString(status) + ")");
+      }
+    }
+    copy_all(copies, true);
+  } catch (...) {
+    drop_backup(device, copies);
+    throw;
+  }
+}
+
+void CudaBackend::restore(int device, const std::vector<HostCopy>& copies) {
+  DeviceScope scope(device);
+  copy_all(copies, false);
+}
+
+void CudaBackend::drop_backup(int /*device*/, std::vector<HostCopy>& copies) noexcept {
+  for (HostCopy& c : copies) {
+    if (c.host) cudaFreeHost(c.host);
+    c.host = nullptr;
+  }
 }
 
 // ---- Virtual memory ---------------------------------------------------------------------------

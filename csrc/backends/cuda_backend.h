@@ -42,6 +42,12 @@ class CudaBackend : public Backend {
   void unmap(int device, void* ptr, std::size_t bytes) override;
   void grant_peer(int device, int peer) override;
 
+  // A paused region's backup: pinned host memory (cudaHostAlloc) per range, the copies queued in
+  // pieces on two streams of their own and waited for.
+  void back_up(int device, std::vector<HostCopy>& copies) override;
+  void restore(int device, const std::vector<HostCopy>& copies) override;
+  void drop_backup(int device, std::vector<HostCopy>& copies) noexcept override;
+
   // Stream capture (backends/cuda_capture.cpp): a marker is an empty node added to the capture
   // graph after the stream's work so far, which the stream's later work then depends on.
   CaptureMarker capture_marker(int device, StreamId stream) override;

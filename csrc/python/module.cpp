@@ -23,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/sim_backend.h"
@@ -46,6 +47,10 @@ DeviceStats stats_of(CachingAllocator& core, int device) {
   const DeviceAllocator* d = core.existing(device);
   return d ? d->stats() : DeviceStats{};
 }
+
+// Regions' pools: ids no torch pool takes (graphs' are {capture id, 0}, MemPools' {0, uid}).
+constexpr std::uint64_t kRegionPools = std::uint64_t{1} << 62;
+PoolId region_id(std::uint64_t serial) { return PoolId{kRegionPools, serial}; }
 
 const char* state_name(BlockInfo::State state) {
   switch (state) {
@@ -519,6 +524,29 @@ void bind_process_allocator(py::module_& m) {
     const DeviceAllocator* d = core().existing(device);
     return d ? d->largest_free_block() : std::size_t{0};
   }, py::arg("device"));
+  // Regions (core/pause.cpp): a region's pool is {kRegionPools, serial}, the serial the package's.
+  m.def("region_create", [core](int device, std::uint64_t serial) { core().device(device).create_region(region_id(serial)); },
+        py::arg("device"), py::arg("serial"),
+        "Makes region `serial` on the device (growable segments wherever pages can be mapped); ValueError where "
+        "they cannot or it exists.");
+  m.def("region_begin", [core](int device, std::uint64_t serial) {
+    core().device(device).begin_allocate_to_pool(region_id(serial), [thread = std::this_thread::get_id()](StreamId) {
+      return std::this_thread::get_id() == thread;
+    });
+  }, py::arg("device"), py::arg("serial"), "The calling thread's allocations on the device come from the region until region_end.");
+  m.def("region_end", [core](int device, std::uint64_t serial) { core().device(device).end_allocate_to_pool(region_id(serial)); },
+        py::arg("device"), py::arg("serial"));
+  m.def("region_pause", [core](int device, std::uint64_t serial, bool backup) {
+    return core().device(device).pause(region_id(serial), backup);
+  }, py::arg("device"), py::arg("serial"), py::arg("backup"), Release(),
+        "Pauses the region: the bytes it unmapped (0 if paused already).");
+  m.def("region_resume", [core](int device, std::uint64_t serial) { return core().device(device).resume(region_id(serial)); },
+        py::arg("device"), py::arg("serial"), Release(),
+        "Resumes the region: the bytes mapped again (0 if not paused); OutOfMemoryError where they do not fit.");
+  m.def("paused_bytes", [core](int device) {
+    const DeviceAllocator* d = core().existing(device);
+    return py::make_tuple(d ? d->paused_bytes() : 0, d ? d->paused_allocated() : 0);
+  }, py::arg("device"), "(bytes paused regions gave back, their live blocks' bytes) on the device.");
   m.def("existing_devices", [core] { return existing_device_list(core()); },
         "The devices in use (their allocator made), without counting devices or starting CUDA.");
   m.def("device_figures", [core](int device, bool device_memory) { return figures_of(core(), device, device_memory); },

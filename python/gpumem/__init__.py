@@ -6,6 +6,7 @@
 The package, each layer importing only those below it (tests/python/test_package_layers.py):
 
     gpumem.api         the public functions, exported here (set_limit, enable, stats, ...)
+    gpumem.regions     regions of memory paused and resumed (region, pause, resume, paused)
     gpumem.cli         the `gpumem` command and `python -m gpumem`
     gpumem.sharing     sharing a GPU with other gpumem processes
     gpumem.monitoring  what a process shows of itself: metrics, pressure alerts, the timeline and
@@ -51,6 +52,7 @@ with _invocation.interrupt_exits_quietly():  # Ctrl-C while `python -m gpumem` s
         set_segments,
         stats,
     )
+    from gpumem.regions import pause, paused, region, resume
     from gpumem.monitoring import metrics, pressure, publish, published, reporting, timeline, top
     from gpumem.monitoring.metrics import serve_metrics
     from gpumem.monitoring.pressure import on_pressure
@@ -73,8 +75,12 @@ __all__ = [
     "get_segments",
     "is_enabled",
     "on_pressure",
+    "pause",
+    "paused",
+    "region",
     "report",
     "reset_peak_stats",
+    "resume",
     "serve_metrics",
     "set_limit",
     "set_mem_info_view",

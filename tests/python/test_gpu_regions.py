@@ -1,0 +1,148 @@
+"""Regions paused and resumed on a GPU (gpumem.region, pause, resume): the memory goes back to the
+device and comes back at the same addresses, contents and captured graphs intact.
+
+Each test runs in a fresh process (see run_python); sizes follow the device's memory.
+"""
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+GiB = 1 << 30
+
+# Weights, an optimizer-like state and a KV-cache-like buffer in a region with a backup, a graph
+# captured over the weights, then pause and resume: what the device freed, the contents, the
+# addresses and the graph's replay.
+ROUND_TRIP = """
+MiB = 1 << 20
+gib = max(1, min(8, torch.cuda.get_device_properties(0).total_memory // (10 << 30)))
+with gpumem.region("engine", backup=True):
+    weights = torch.randn(gib * 64 * MiB, device="cuda")  # float32: gib x 256 MiB
+    state = torch.randn(gib * 32 * MiB, device="cuda")
+    cache = torch.empty(gib * 96 * MiB, dtype=torch.uint8, device="cuda").random_(0, 255)
+    scratch = torch.empty(gib * 100 * MiB, dtype=torch.uint8, device="cuda")
+del scratch  # the region's cache: goes at the pause, not backed up
+keep = [t.cpu() for t in (weights, state, cache)]
+addresses = [t.data_ptr() for t in (weights, state, cache)]
+static_in = torch.ones(1024, device="cuda")
+graph = torch.cuda.CUDAGraph()
+stream = torch.cuda.Stream()
+stream.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(stream):
+    out = (weights[:1024] * static_in).sum() + state[:1024].sum()
+    torch.cuda.current_stream().synchronize()
+    with torch.cuda.graph(graph):
+        out = (weights[:1024] * static_in).sum() + state[:1024].sum()
+torch.cuda.current_stream().wait_stream(stream)
+graph.replay()
+before = out.item()
+torch.cuda.synchronize()
+reserved_before = torch.cuda.memory_reserved()
+free_before = torch.cuda.mem_get_info()[0]
+paused = gpumem.pause("engine")
+free_paused = torch.cuda.mem_get_info()[0]
+reserved_paused = torch.cuda.memory_reserved()
+listed = gpumem.paused()
+resumed = gpumem.resume("engine")
+graph.replay()
+after = out.item()
+same = all(torch.equal(t.cpu(), k) for t, k in zip((weights, state, cache), keep))
+print(json.dumps({
+    "live": sum(t.numel() * t.element_size() for t in (weights, state, cache)),
+    "paused": paused, "resumed": resumed, "listed": listed, "after_listed": gpumem.paused(),
+    "freed_on_device": free_paused - free_before, "reserved_before": reserved_before,
+    "reserved_paused": reserved_paused, "same": same,
+    "same_addresses": addresses == [t.data_ptr() for t in (weights, state, cache)],
+    "graph_before": before, "graph_after": after,
+}))
+"""
+
+
+def test_a_paused_region_frees_its_memory_and_resumes_at_the_same_addresses_with_its_contents(run_python):
+    r = run_python(ROUND_TRIP)
+    assert r["paused"] >= r["live"]  # its live tensors' memory went back, whole chunks
+    assert r["resumed"] == r["paused"]
+    assert r["listed"] == {"engine": r["paused"]} and r["after_listed"] == {}
+    # The device got the memory: reserved dropped by what was paused, and the device's free memory
+    # rose by at least 99 % of it.
+    assert r["reserved_before"] - r["reserved_paused"] >= r["paused"]
+    assert r["freed_on_device"] >= 0.99 * r["paused"], r
+    assert r["same"] and r["same_addresses"]
+    assert r["graph_after"] == r["graph_before"]
+
+
+def test_without_a_backup_the_memory_comes_back_usable(run_python):
+    r = run_python(
+        """
+        with gpumem.region("kv"):
+            kv = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
+        paused = gpumem.pause("kv")
+        gpumem.resume("kv")
+        kv.fill_(3)
+        print(json.dumps({"paused": paused, "sum": int(kv[:1000].sum()), "ptr_same": True}))
+        """
+    )
+    assert r["paused"] >= 256 << 20 and r["sum"] == 3000
+
+
+def test_a_paused_region_refuses_allocations_and_pausing_inside_a_region_is_refused(run_python):
+    r = run_python(
+        """
+        with gpumem.region("a", backup=True):
+            x = torch.ones(4 << 20, device="cuda")
+            try:
+                gpumem.pause("a")
+                inside = None
+            except RuntimeError as e:
+                inside = str(e)
+        gpumem.pause("a")
+        try:
+            with gpumem.region("a"):
+                torch.empty(10, device="cuda")
+            refused = None
+        except RuntimeError as e:
+            refused = str(e)
+        y = torch.ones(4 << 20, device="cuda")  # outside the region: as usual
+        gpumem.resume("a")
+        print(json.dumps({"inside": inside, "refused": refused, "x": float(x.sum()), "y": float(y.sum())}))
+        """
+    )
+    assert "pause after it ends" in r["inside"]
+    assert "is paused" in r["refused"] and "gpumem.resume('a')" in r["refused"]
+    assert r["x"] == 4 << 20 and r["y"] == 4 << 20
+
+
+# A native PyTorch process takes the memory a paused region gave back; resume then fails, the region
+# still paused, and succeeds with its contents once the other process has gone.
+NEIGHBOUR = """
+import subprocess, sys
+HOLD = '''
+import sys, torch
+free = torch.cuda.mem_get_info()[0]
+x = torch.empty(free - (512 << 20), dtype=torch.uint8, device="cuda")
+print("holding", flush=True)
+sys.stdin.readline()
+'''
+with gpumem.region("model", backup=True):
+    model = torch.randn(2 << 28, device="cuda")   # 2 GiB
+keep = model[-1000:].cpu()
+gpumem.pause("model")
+other = subprocess.Popen([sys.executable, "-c", HOLD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+assert other.stdout.readline().strip() == "holding"
+try:
+    gpumem.resume("model")
+    error = None
+except torch.OutOfMemoryError as e:
+    error = str(e)
+still = gpumem.paused()
+other.stdin.write("go\\n"); other.stdin.flush(); other.wait()
+resumed = gpumem.resume("model")
+print(json.dumps({"error": error, "still": still, "resumed": resumed, "same": torch.equal(model[-1000:].cpu(), keep)}))
+"""
+
+
+def test_a_neighbour_uses_the_paused_memory_and_resume_fails_cleanly_until_it_is_back(run_python):
+    r = run_python(NEIGHBOUR)
+    assert r["error"] is not None and "region 'model'" in r["error"] and "stays paused" in r["error"], r
+    assert list(r["still"]) == ["model"]
+    assert r["resumed"] == r["still"]["model"] and r["same"]
