@@ -51,7 +51,7 @@ std::vector<SegmentInfo> DeviceCore::snapshot() const {
   for (const auto& [addr, segment] : d_.segments) {
     const Segment& s = *segment;
     for_each_stretch(s, [&](const Block* first, const Block* end, std::uintptr_t stop) {
-      SegmentInfo info{first->addr, stop - first->addr, s.stream, s.pool->id(), s.small, s.growable, {}};
+      SegmentInfo info{first->addr, stop - first->addr, s.stream, s.pool->id(), s.small, s.growable, {}, !s.paused.empty()};
       for (const Block* b = first; b != end; b = b->next) info.blocks.push_back(info_of(*b));
       out.push_back(std::move(info));
     });

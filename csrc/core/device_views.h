@@ -29,6 +29,7 @@ struct SegmentInfo {
   bool small;
   bool growable;  // a mapped stretch of a growable segment: one SegmentInfo per stretch
   std::vector<BlockInfo> blocks;
+  bool paused = false;  // a paused region's (core/pause.cpp): no memory behind it until resumed
 };
 
 // An allocated block as another process would map it (CUDA IPC): the block, and what memory stands

@@ -73,7 +73,7 @@ py::list snapshot_list(const DeviceAllocator& device) {
     segments.append(py::dict(py::arg("address") = s.addr, py::arg("size") = s.size, py::arg("stream") = s.stream,
                              py::arg("pool") = py::make_tuple(s.pool.first, s.pool.second),
                              py::arg("small") = s.small, py::arg("is_expandable") = s.growable,
-                             py::arg("blocks") = blocks));
+                             py::arg("paused") = s.paused, py::arg("blocks") = blocks));
   }
   return segments;
 }
@@ -105,7 +105,7 @@ py::list existing_device_list(const CachingAllocator& core) {
 // the report and the timeline show too; "counted" and "counted_peak" are the cap's, what the limit
 // measures (python/gpumem/monitoring/figures.py: Note [which reserved]).
 py::dict device_figures(DeviceAllocator& device, bool device_memory) {
-  std::size_t reserved = 0, limit = 0, outside = 0, counted = 0, counted_peak = 0;
+  std::size_t reserved = 0, limit = 0, outside = 0, counted = 0, counted_peak = 0, paused = 0, paused_allocated = 0;
   OutsideSource source = OutsideSource::kNone;
   LimitScope scope = LimitScope::kAllocator;
   DeviceStats stats;
@@ -119,6 +119,8 @@ py::dict device_figures(DeviceAllocator& device, bool device_memory) {
     source = device.outside_source();
     scope = device.settings().scope;
     stats = device.stats();
+    paused = device.paused_bytes();
+    paused_allocated = device.paused_allocated();
     reserved = static_cast<std::size_t>(stats.reserved_bytes[kAll].current);
     // Asking the driver makes a CUDA context on a device that has none (one set_limit configured
     // but the program never used): only a device that holds memory, and so has one, is asked.
@@ -130,7 +132,8 @@ py::dict device_figures(DeviceAllocator& device, bool device_memory) {
                   py::arg("limit") = limit, py::arg("stats") = stats_dict(stats),
                   py::arg("device_free") = free, py::arg("device_total") = total,
                   py::arg("scope") = limit_scope_name(scope), py::arg("outside") = outside,
-                  py::arg("outside_source") = outside_source_name(source));
+                  py::arg("outside_source") = outside_source_name(source), py::arg("paused") = paused,
+                  py::arg("paused_allocated") = paused_allocated);
 }
 
 py::object share_status(CachingAllocator& core, int device);
@@ -576,6 +579,18 @@ void bind_sim_allocator(py::module_& m) {
       .def("share_status", [](SimAllocator& s, int device) { return share_status(s.core(), device); }, py::arg("device"))
       .def("share_leave", [](SimAllocator& s) { leave_sharing(s.core()); }, py::call_guard<py::gil_scoped_release>())
       .def("free", &SimAllocator::free, py::arg("addr"))
+      .def("region_create", [](SimAllocator& s, int device, std::uint64_t serial) { s.device(device).create_region(region_id(serial)); },
+           py::arg("device"), py::arg("serial"))
+      .def("region_begin", [](SimAllocator& s, int device, std::uint64_t serial) {
+        s.device(device).begin_allocate_to_pool(region_id(serial), [](StreamId) { return true; });
+      }, py::arg("device"), py::arg("serial"), "Every allocation on the device comes from the region until region_end.")
+      .def("region_end", [](SimAllocator& s, int device, std::uint64_t serial) { s.device(device).end_allocate_to_pool(region_id(serial)); },
+           py::arg("device"), py::arg("serial"))
+      .def("region_pause", [](SimAllocator& s, int device, std::uint64_t serial, bool backup) {
+        return s.device(device).pause(region_id(serial), backup);
+      }, py::arg("device"), py::arg("serial"), py::arg("backup"))
+      .def("region_resume", [](SimAllocator& s, int device, std::uint64_t serial) { return s.device(device).resume(region_id(serial)); },
+           py::arg("device"), py::arg("serial"))
       .def("malloc_uncached", &SimAllocator::malloc_uncached, py::arg("device"), py::arg("size"),
            "Memory of its own from the device, as while caching is off; free_uncached gives it back.")
       .def("free_uncached", &SimAllocator::free_uncached, py::arg("device"), py::arg("addr"))

@@ -118,6 +118,10 @@ class FakeC:
     def outside(self, device: int) -> int:
         return self._sim(device).outside(0)
 
+    def paused_bytes(self, device: int) -> tuple[int, int]:
+        figures = self._sim(device).device_figures(0, False)
+        return figures["paused"], figures["paused_allocated"]
+
     def outside_source(self, device: int) -> str:
         return self._sim(device).outside_source(0)
 

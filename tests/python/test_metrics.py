@@ -168,6 +168,20 @@ def test_memory_outside_gpumem_is_left_out_where_the_device_cannot_say(serve_sou
     assert value(families, "gpumem_reserved_bytes", device="0") == 3 * GiB
 
 
+def test_the_bytes_paused_regions_gave_back_are_a_gauge(serve_source):
+    sim = _C.SimAllocator(GiB, page_size=2 * MiB)
+    sim.region_create(0, 1)
+    sim.region_begin(0, 1)
+    sim.malloc(0, 100 * MiB)
+    sim.region_end(0, 1)
+    port = serve_source(sim)
+    assert value(scrape(port), "gpumem_paused_bytes", device="0") == 0
+    paused = sim.region_pause(0, 1, False)
+    families = scrape(port)
+    assert value(families, "gpumem_paused_bytes", device="0") == paused >= 100 * MiB
+    assert value(families, "gpumem_reserved_bytes", device="0") == 0
+
+
 def test_free_under_a_lowered_limit_is_zero_not_negative(serve_source):
     port = serve_source(FixedSource(reserved=5 * GiB, limit=4 * GiB, device_free=None, device_total=None))
     assert value(scrape(port), "gpumem_free_under_limit_bytes", device="0") == 0

@@ -78,6 +78,24 @@ def test_text_report_states_the_segment_kind_in_effect(page_size, kind):
     assert text_rows(str(Report.from_sim(sim, 1, total=GiB)))["segments"] == [kind]
 
 
+def test_a_report_shows_what_paused_regions_gave_back_and_snapshots_mark_their_segments():
+    sim = _C.SimAllocator(GiB, page_size=2 * MiB)
+    assert "paused" not in text_rows(str(Report.from_sim(sim, 1, total=GiB)))
+    sim.region_create(0, 1)
+    sim.region_begin(0, 1)
+    sim.malloc(0, 100 * MiB)
+    sim.region_end(0, 1)
+    kept = sim.malloc(0, 10 * MiB)  # the default pool's
+    assert not any(s["paused"] for s in sim.snapshot(0))
+    paused = sim.region_pause(0, 1, False)
+    assert text_rows(str(Report.from_sim(sim, 1, total=GiB)))["paused"] == [_C.format_bytes(paused)]
+    marked = {s["pool"]: s["paused"] for s in sim.snapshot(0)}
+    assert marked == {(1 << 62, 1): True, (0, 0): False}
+    sim.region_resume(0, 1)
+    assert not any(s["paused"] for s in sim.snapshot(0))
+    sim.free(kept)
+
+
 def test_a_report_without_a_segment_kind_leaves_the_row_out():
     assert "segments" not in text_rows(str(Report.from_stats({0: {"stats": {}}})))
 

@@ -250,6 +250,22 @@ def test_a_limit_on_the_whole_process_is_shown_with_what_is_outside_and_counted_
     assert row.endswith("limit on the whole process, 800.00 MiB outside gpumem")
 
 
+def test_a_process_with_a_paused_region_shows_the_bytes_paused(run_dir, monkeypatch, capsys):
+    sim = _C.SimAllocator(8 * GiB, page_size=2 * MiB)
+    sim.region_create(0, 1)
+    sim.region_begin(0, 1)
+    sim.malloc(0, 300 * MiB)
+    sim.region_end(0, 1)
+    paused = sim.region_pause(0, 1, False)
+    assert publish.Publisher(run_dir, source=sim, identity=identity(), uuid_of=lambda device: UUID).step()
+    nvml = gpu(0, processes={os.getpid(): 500 * MiB})
+    document = json_of(run_dir, nvml, monkeypatch=monkeypatch, capsys=capsys)
+    [ours] = [p for p in document["processes"] if p["pid"] == os.getpid()]
+    assert ours["gpumem"]["paused_bytes"] == paused >= 300 * MiB
+    row = row_of(table_of(run_dir, nvml, monkeypatch=monkeypatch, capsys=capsys), os.getpid())
+    assert row.endswith(f"{_C.format_bytes(paused)} paused (gpumem.pause)")
+
+
 def test_a_published_process_that_nvml_does_not_list_is_shown_flagged(run_dir, monkeypatch, capsys):
     published(run_dir, reserved=1 * GiB)
     document = json_of(run_dir, gpu(0, processes={4001: GiB}), monkeypatch=monkeypatch, capsys=capsys)

@@ -120,6 +120,9 @@ FIGURES = (
     Figure("gpumem_outside_bytes", "gauge",
            "Device memory in use that gpumem did not reserve (other processes, CUDA contexts, other allocators): "
            "device total - device free - reserved, from cudaMemGetInfo.", _device_outside),
+    Figure("gpumem_paused_bytes", "gauge",
+           "Bytes paused regions gave back to the device (gpumem.pause): not reserved while paused, mapped again "
+           "at resume.", lambda figures: figures.get("paused", 0), key="paused", default=0),
     Figure("gpumem_ooms", "counter", "Requests gpumem refused with out-of-memory, by case.",
            lambda figures: {case: figures["stats"][stat] for case, stat in OOM_CASES.items()}, key="ooms",
            label="case", label_values=tuple(OOM_CASES)),

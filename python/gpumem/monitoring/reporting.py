@@ -40,6 +40,7 @@ class DeviceReport:
     scope: Optional[str] = None  # what the limit bounds: "allocator" or "process" (gpumem.set_limit)
     outside: Optional[int] = None  # under "process": the memory outside gpumem counted against the limit
     outside_source: Optional[str] = None  # where `outside` was measured from (docs/usage.md)
+    paused: int = 0  # bytes paused regions gave back (gpumem.pause)
 
     def stat(self, key: str) -> int:
         return int(self.stats.get(key, 0))
@@ -71,7 +72,8 @@ class Report:
     def from_stats(cls, per_device: Union[Mapping[int, Mapping], Sequence[Mapping]],
                    title: str = "gpumem memory report") -> "Report":
         """From {device: {"stats": {...}, "limit", "total", "free", "largest_free_block",
-        "timeline", "segments", "scope", "outside", "outside_source"}} (or a list by device index); every key but "stats" is optional."""
+        "timeline", "segments", "scope", "outside", "outside_source", "paused"}} (or a list by device
+        index); every key but "stats" is optional."""
         items = per_device.items() if isinstance(per_device, Mapping) else enumerate(per_device)
         devices = []
         for device, values in items:
@@ -84,6 +86,7 @@ class Report:
                 scope=values.get("scope"),
                 outside=values.get("outside"),
                 outside_source=values.get("outside_source"),
+                paused=values.get("paused", 0),
                 total=values.get("total"),
                 free=values.get("free"),
                 largest_free_block=values.get("largest_free_block"),
@@ -110,6 +113,7 @@ class Report:
             "scope": sim.get_scope(d),
             "outside": sim.outside(d),
             "outside_source": sim.outside_source(d),
+            "paused": sim.device_figures(d, False)["paused"],
         } for d in indices}, title)
 
     # ---- rendering ----------------------------------------------------------------------------
@@ -187,7 +191,8 @@ def collect(device=None) -> Report:
         per_device[d] = {"stats": _C.stats(d), "limit": _C.get_limit(d), "total": total, "free": free,
                          "largest_free_block": _C.largest_free_block(d), "timeline": timeline.points(d),
                          "segments": _segments.kind(_C.get_growable(d)), "scope": _C.get_scope(d),
-                         "outside": _C.outside(d), "outside_source": _C.outside_source(d)}
+                         "outside": _C.outside(d), "outside_source": _C.outside_source(d),
+                         "paused": _C.paused_bytes(d)[0]}
     return Report.from_stats(per_device)
 
 
@@ -207,7 +212,7 @@ def _rows(d: DeviceReport) -> list[tuple[str, str, str]]:
         ("inactive split", _size(d.stat("inactive_split_bytes.all.current")),
          _size(d.stat("inactive_split_bytes.all.peak"))),
         ("limit, whole process" if d.scope == _scope.PROCESS else "limit", _size(d.limit), ""),
-    ] + ([("outside gpumem, counted", _size(d.outside), d.outside_source or "")]
+    ] + ([("paused", _size(d.paused), "")] if d.paused else []) + ([("outside gpumem, counted", _size(d.outside), d.outside_source or "")]
          if d.scope == _scope.PROCESS else []) + (
         [] if d.segments is None else [("segments", d.segments, "")]) + [
         ("largest free block", _size(d.largest_free_block), ""),

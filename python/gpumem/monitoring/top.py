@@ -319,6 +319,8 @@ def _note(row: Row) -> str:
         notes.append("not in NVML's list")
     if row.figures is not None and row.gpu is None:
         notes.append(f"its device {row.figures['index']}, GPU not identified")
+    if row.figures is not None and row.figures.get("paused"):
+        notes.append(f"{_size(row.figures['paused'])} paused (gpumem.pause)")
     if row.figures is not None and row.figures["scope"] == scope.PROCESS:
         notes.append(f"limit on the whole process, {_size(row.figures['outside'])} outside gpumem")
     return "; ".join(notes)
