@@ -139,8 +139,9 @@ class DeviceCore {
   // active (nothing may be unmapped then), changing nothing.
   std::size_t pause(PoolId id, bool backup);
   // Maps the paused chunks again at the same addresses, under the cap, and restores the backup;
-  // returns the bytes resumed (0 if it was not paused). Where the cap or the device refuses, throws
-  // OutOfMemoryError naming the paused bytes, the region still paused and nothing changed.
+  // returns the bytes resumed (0 if it was not paused). Where the cap or the device refuses, the
+  // unused cache goes back and it tries again; then throws OutOfMemoryError naming the paused
+  // bytes, the region still paused. std::logic_error while a pool target is active.
   std::size_t resume(PoolId id);
   // The bytes paused regions gave back (their chunks), and their live blocks' bytes.
   std::size_t paused_bytes() const { return paused_bytes_; }

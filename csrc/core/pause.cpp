@@ -19,9 +19,10 @@
 // measures requests against, allocated(), leaves out the paused regions' live bytes.
 //
 // resume() maps every paused chunk again (each run in chunks of its segment's size, one Backend::
-// map call a run) under the cap, as a growth is; where the cap or the device refuses one, the
-// runs mapped so far go back and the error names the paused bytes: the region stays paused and
-// its tensors keep their backup. Then the backup is copied back and freed. Blocks freed while
+// map call a run) under the cap, as a growth is: where the cap or the device refuses, the process's
+// unused cache goes back and it tries once more; where that fails too, the runs mapped so far go
+// back and the error names the paused bytes: the region stays paused and its tensors keep their
+// backup. (A resume does not ask the other processes sharing the GPU yet.) Then the backup is copied back and freed. Blocks freed while
 // paused come back as cached memory, which the next release gives back.
 #include <stdexcept>
 #include <string>
@@ -104,6 +105,10 @@ std::size_t DeviceCore::pause(PoolId id, bool backup) {
 std::size_t DeviceCore::resume(PoolId id) {
   Pool& pool = region_of(id);
   if (!pool.paused()) return 0;
+  if (d_.capturing()) {
+    throw std::logic_error("gpumem: cannot resume a region while a pool is the allocation target (inside gpumem.region, "
+                           "torch.cuda.use_mem_pool or a CUDA graph capture): resume after it ends");
+  }
   std::vector<Segment*> segments;
   std::size_t bytes = 0;
   for (const auto& [addr, segment] : d_.segments) {
@@ -111,19 +116,33 @@ std::size_t DeviceCore::resume(PoolId id) {
     segments.push_back(segment.get());
     bytes += segment->paused.size() * segment->chunk;
   }
+  // Every segment mapped again, or none (those mapped go back); false where the cap or the device
+  // refused, `device_refused` saying which.
   bool device_refused = false;
-  for (std::size_t i = 0; i < segments.size(); ++i) {
-    bool mapped = false;
-    try {
-      mapped = sources_.growable.resume(*segments[i], device_refused);
-    } catch (...) {
-      for (std::size_t j = 0; j < i; ++j) sources_.growable.pause(*segments[j]);
-      throw;
+  const auto map_all = [&] {
+    device_refused = false;
+    for (std::size_t i = 0; i < segments.size(); ++i) {
+      bool mapped = false;
+      try {
+        mapped = sources_.growable.resume(*segments[i], device_refused);
+      } catch (...) {
+        for (std::size_t j = 0; j < i; ++j) sources_.growable.pause(*segments[j]);
+        throw;
+      }
+      if (!mapped) {
+        for (std::size_t j = 0; j < i; ++j) sources_.growable.pause(*segments[j]);
+        return false;
+      }
     }
-    if (!mapped) {
-      for (std::size_t j = 0; j < i; ++j) sources_.growable.pause(*segments[j]);
-      throw_oom(bytes, bytes, device_refused, bytes);
-    }
+    return true;
+  };
+  // As a request's growth: where the cap or the device refuses, the process's cache goes first.
+  measure_outside();
+  if (!map_all()) {
+    synchronize_and_process_events();
+    release_.all_unused();
+    d_.accounts.retried();
+    if (!map_all()) throw_oom(bytes, bytes, device_refused, bytes);
   }
   const auto backup = backups_.find(id);
   if (backup != backups_.end()) {

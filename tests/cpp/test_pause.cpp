@@ -154,6 +154,33 @@ TEST_CASE("a paused region's memory is the process's to use; a resume the cap ca
   sim.free(a);
 }
 
+TEST_CASE("a resume gives back the process's cache where the cap needs it, as a growth does", "[pause]") {
+  VmSim sim(64 * MiB);
+  sim.alloc.create_region(kRegion);
+  Block* a = in_region(sim, 40 * MiB);
+  const std::size_t paused = sim.alloc.pause(kRegion, true);
+  sim.free(sim.malloc(40 * MiB));  // the memory the region gave back, cached by the default pool now
+  REQUIRE(sim.alloc.reserved() >= 40 * MiB);
+  REQUIRE(sim.alloc.resume(kRegion) == paused);
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.reserved() <= 64 * MiB);
+  sim.free(a);
+}
+
+TEST_CASE("resuming while a pool is the allocation target is refused, the region still paused", "[pause]") {
+  VmSim sim;
+  sim.alloc.create_region(kRegion);
+  Block* a = in_region(sim, 10 * MiB);
+  sim.alloc.pause(kRegion, false);
+  sim.alloc.create_pool(PoolId{1, 1});
+  sim.alloc.begin_allocate_to_pool(PoolId{1, 1}, all_streams);
+  REQUIRE_THAT(error_from<std::logic_error>([&] { sim.alloc.resume(kRegion); }), Catch::Matchers::Contains("resume after it ends"));
+  sim.alloc.end_allocate_to_pool(PoolId{1, 1});
+  REQUIRE(sim.alloc.paused_bytes() > 0);
+  REQUIRE(sim.alloc.resume(kRegion) > 0);
+  sim.free(a);
+}
+
 TEST_CASE("a resume on a full device fails as device full, the region still paused, and succeeds once memory is back", "[pause]") {
   VmSim sim;
   sim.alloc.create_region(kRegion);

@@ -146,3 +146,23 @@ def test_a_neighbour_uses_the_paused_memory_and_resume_fails_cleanly_until_it_is
     assert r["error"] is not None and "region 'model'" in r["error"] and "stays paused" in r["error"], r
     assert list(r["still"]) == ["model"]
     assert r["resumed"] == r["still"]["model"] and r["same"]
+
+
+def test_the_rl_example_pauses_its_engine_for_every_training_step(tmp_path):
+    """examples/rl_loop.py, run as a user runs it: 10 rounds, each checking the engine's weights;
+    the trainer's step uses memory that the cap has room for only while the engine is paused."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+    from conftest import environment_without_gpumem_settings
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "rl_loop.py"
+    done = subprocess.run([sys.executable, str(example), "10"], capture_output=True, text=True, timeout=300,
+                          env=environment_without_gpumem_settings())
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    rounds, summary = lines[:-1], lines[-1]
+    assert len(rounds) == 10 and all(r["weights_intact"] for r in rounds)
+    assert summary["weights_intact"]
+    assert summary["trainer_peak_reserved"] <= summary["limit"]
+    assert summary["trainer_peak_beside_a_resident_engine"] > summary["limit"], summary
