@@ -20,8 +20,10 @@
 // block or mapped; a chunk may hold parts of several mapped blocks. Free neighbours merge only when
 // both are mapped or both unmapped.
 //
-// Private pools (CUDA graphs, MemPools) keep plain segments: their checkpointing and replay rely on
-// segments that never change (docs/design.md, "Private pools", says how recent PyTorch differs).
+// Regions' pools (core/pause.cpp) use growable segments too, whatever the default, so that they can
+// be paused. Other private pools (CUDA graphs, MemPools) keep plain segments: their checkpointing
+// and replay rely on segments that never change (docs/design.md, "Private pools", says how recent
+// PyTorch differs).
 // Unmapping needs the device synchronized, so nothing is unmapped while a pool target is active (a
 // graph may be capturing).
 #include "core/growable_segments.h"
