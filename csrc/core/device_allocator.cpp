@@ -231,9 +231,19 @@ std::size_t DeviceAllocator::pause(PoolId id, bool backup) {
   return core_.pause(id, backup);
 }
 
+// As malloc: the others sharing the GPU are asked with no lock held, once.
 std::size_t DeviceAllocator::resume(PoolId id) {
-  const WholeDevice whole(core_);
-  return core_.resume(id);
+  DeviceCore::Asking asking;
+  for (;;) {
+    std::optional<std::size_t> resumed;
+    {
+      const WholeDevice whole(core_);
+      resumed = core_.resume(id, asking);
+    }
+    if (resumed) return *resumed;
+    const std::size_t need = asking.need.device_bytes;
+    core_.ask_neighbours(asking, [this, need] { return core_.device_lacks(need); });
+  }
 }
 
 std::size_t DeviceAllocator::paused_bytes() const {

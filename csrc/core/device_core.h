@@ -141,8 +141,10 @@ class DeviceCore {
   // Maps the paused chunks again at the same addresses, under the cap, and restores the backup;
   // returns the bytes resumed (0 if it was not paused). Where the cap or the device refuses, the
   // unused cache goes back and it tries again; then throws OutOfMemoryError naming the paused
-  // bytes, the region still paused. std::logic_error while a pool target is active.
-  std::size_t resume(PoolId id);
+  // bytes, the region still paused. std::logic_error while a pool target is active. Where the
+  // device refused and others share the GPU, returns nullopt first, with the hooks in `asking`:
+  // ask them (ask_neighbours) and call again.
+  std::optional<std::size_t> resume(PoolId id, Asking& asking);
   // The bytes paused regions gave back (their chunks), and their live blocks' bytes.
   std::size_t paused_bytes() const { return paused_bytes_; }
   std::size_t paused_allocated() const { return paused_allocated_; }

@@ -22,8 +22,10 @@
 // map call a run) under the cap, as a growth is: where the cap or the device refuses, the process's
 // unused cache goes back and it tries once more; where that fails too, the runs mapped so far go
 // back and the error names the paused bytes: the region stays paused and its tensors keep their
-// backup. (A resume does not ask the other processes sharing the GPU yet.) Then the backup is copied back and freed. Blocks freed while
+// backup. Where the device refused and other processes share the GPU, they are asked first, as for
+// a request (DeviceAllocator::resume asks with no lock held and calls again). Then the backup is copied back and freed. Blocks freed while
 // paused come back as cached memory, which the next release gives back.
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -102,7 +104,7 @@ std::size_t DeviceCore::pause(PoolId id, bool backup) {
   return bytes;
 }
 
-std::size_t DeviceCore::resume(PoolId id) {
+std::optional<std::size_t> DeviceCore::resume(PoolId id, Asking& asking) {
   Pool& pool = region_of(id);
   if (!pool.paused()) return 0;
   if (d_.capturing()) {
@@ -142,7 +144,10 @@ std::size_t DeviceCore::resume(PoolId id) {
     synchronize_and_process_events();
     release_.all_unused();
     d_.accounts.retried();
-    if (!map_all()) throw_oom(bytes, bytes, device_refused, bytes);
+    if (!map_all()) {
+      if (device_refused && hooks_to_ask(asking, {0, bytes})) return std::nullopt;  // the caller asks, calls again
+      throw_oom(bytes, bytes, device_refused, bytes);
+    }
   }
   const auto backup = backups_.find(id);
   if (backup != backups_.end()) {

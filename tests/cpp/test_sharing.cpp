@@ -88,6 +88,29 @@ std::size_t allocated(const DeviceAllocator& a) {
   return static_cast<std::size_t>(a.stats().allocated_bytes[kAll].current);
 }
 
+// ---- pausing regions (core/pause.cpp) ----
+
+TEST_CASE("sharing: a region resumed on a device another member's cache fills asks it, as a request does") {
+  TempDir dir;
+  SharedDevice& device = SharedDevice::make(1 * GiB);
+  auto a = Member::growable(device, dir.table());
+  auto b = Member::growable(device, dir.table());
+  const PoolId region{std::uint64_t{1} << 62, 1};
+  a->alloc.create_region(region);
+  a->alloc.begin_allocate_to_pool(region, [](StreamId) { return true; });
+  Block* kept = a->alloc.malloc(400 * MiB, kStream0);
+  a->alloc.end_allocate_to_pool(region);
+  const std::size_t paused = a->alloc.pause(region, false);
+  b->alloc.free(b->alloc.malloc(900 * MiB, kStream0));  // B caches what A gave back, and more
+  REQUIRE(b->alloc.reserved() >= 900 * MiB);
+  b->share->start();  // B answers asks from now on
+  REQUIRE(a->alloc.resume(region) == paused);
+  a->alloc.check_invariants();
+  CHECK(b->share->status().given_back >= paused - 124 * MiB);
+  CHECK(b->alloc.reserved() <= 1 * GiB - paused);
+  a->alloc.free(kept);
+}
+
 // ---- the policy ----
 
 TEST_CASE("sharing policy: a member claims its floor, or its live tensors above it, never its cache") {
