@@ -58,7 +58,7 @@ std::size_t DeviceCore::live_bytes_of(const Pool& pool) const {
   for (const auto& [addr, segment] : d_.segments) {
     if (segment->pool != &pool) continue;
     for (const Block* b = segment->head; b; b = b->next) {
-      if (b->mapped && !b->is_free()) live += b->size;
+      if (b->allocated) live += b->size;  // not a block freed meanwhile, pending or not
     }
   }
   return live;

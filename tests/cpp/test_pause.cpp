@@ -225,6 +225,25 @@ TEST_CASE("a paused region refuses allocations, frees its tensors, and is left a
   REQUIRE(sim.ledger().mapped == 0);
 }
 
+TEST_CASE("a paused tensor used on another stream and freed waits for that stream, and resume counts it freed", "[pause]") {
+  VmSim sim;
+  sim.alloc.create_region(kRegion);
+  Block* a = in_region(sim, 10 * MiB);
+  Block* b = in_region(sim, 10 * MiB);
+  sim.alloc.record_stream(a, kStream1);
+  sim.alloc.pause(kRegion, false);
+  sim.free(a);  // pending on stream 1's work
+  REQUIRE(sim.alloc.paused_allocated() == b->size);
+  sim.alloc.resume(kRegion);
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.paused_allocated() == 0);
+  REQUIRE(allocated(sim) == b->size);
+  sim.backend.complete_events();
+  sim.free(b);
+  sim.alloc.empty_cache();
+  REQUIRE(sim.ledger().mapped == 0);
+}
+
 TEST_CASE("pausing while a pool is the allocation target is refused, changing nothing", "[pause]") {
   VmSim sim;
   sim.alloc.create_region(kRegion);
