@@ -112,23 +112,25 @@ def test_a_paused_region_refuses_allocations_and_pausing_inside_a_region_is_refu
     assert r["x"] == 4 << 20 and r["y"] == 4 << 20
 
 
-# A native PyTorch process takes the memory a paused region gave back; resume then fails, the region
-# still paused, and succeeds with its contents once the other process has gone.
+# Another process (NEIGHBOUR_ENV: native PyTorch, or gpumem) takes the memory a paused region gave
+# back; resume then fails, the region still paused, and succeeds with its contents once the other
+# process has gone.
 NEIGHBOUR = """
-import subprocess, sys
+import os, subprocess, sys
 HOLD = '''
 import sys, torch
 free = torch.cuda.mem_get_info()[0]
 x = torch.empty(free - (512 << 20), dtype=torch.uint8, device="cuda")
-print("holding", flush=True)
+print("holding", "gpumem" if "gpumem" in sys.modules else "native", flush=True)
 sys.stdin.readline()
 '''
 with gpumem.region("model", backup=True):
     model = torch.randn(2 << 28, device="cuda")   # 2 GiB
 keep = model[-1000:].cpu()
 gpumem.pause("model")
-other = subprocess.Popen([sys.executable, "-c", HOLD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-assert other.stdout.readline().strip() == "holding"
+other = subprocess.Popen([sys.executable, "-c", HOLD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, **NEIGHBOUR_ENV})
+held_by = other.stdout.readline().split()
 try:
     gpumem.resume("model")
     error = None
@@ -137,15 +139,20 @@ except torch.OutOfMemoryError as e:
 still = gpumem.paused()
 other.stdin.write("go\\n"); other.stdin.flush(); other.wait()
 resumed = gpumem.resume("model")
-print(json.dumps({"error": error, "still": still, "resumed": resumed, "same": torch.equal(model[-1000:].cpu(), keep)}))
+print(json.dumps({"error": error, "still": still, "resumed": resumed, "same": torch.equal(model[-1000:].cpu(), keep),
+                  "held_by": held_by}))
 """
 
 
-def test_a_neighbour_uses_the_paused_memory_and_resume_fails_cleanly_until_it_is_back(run_python):
-    r = run_python(NEIGHBOUR)
+@pytest.mark.parametrize("neighbour", ["native", "gpumem"])
+def test_a_neighbour_uses_the_paused_memory_and_resume_fails_cleanly_until_it_is_back(run_python, neighbour):
+    # The neighbour runs as users start it: native PyTorch, or gpumem installed by GPUMEM_LIMIT.
+    env = {"GPUMEM_LIMIT": "100%"} if neighbour == "gpumem" else {}
+    r = run_python(f"NEIGHBOUR_ENV = {env!r}", NEIGHBOUR)
     assert r["error"] is not None and "region 'model'" in r["error"] and "stays paused" in r["error"], r
     assert list(r["still"]) == ["model"]
     assert r["resumed"] == r["still"]["model"] and r["same"]
+    assert r["held_by"] == ["holding", neighbour]
 
 
 def test_the_rl_example_pauses_its_engine_for_every_training_step(tmp_path):
