@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What pausing and resuming a region costs on this GPU, against the copy bandwidth it could reach.
 
-    python3 benchmarks/bench_pause.py [GIB]     # default: 40 GiB, or half the device if smaller
+    python3 benchmarks/bench_pause.py [GIB]     # default: 40 GiB (half the device below 64 GiB)
 
 One process, gpumem enabled. A region with a backup holds GIB of live tensors (weights, an
 optimizer-like state, a KV-cache-like buffer, in 8:4:4 parts) and a CUDA graph captured over them;
@@ -71,7 +71,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("this benchmark needs a CUDA GPU")
     total = torch.cuda.get_device_properties(0).total_memory
-    gib = float(sys.argv[1]) if len(sys.argv) > 1 else min(40.0, total / GiB / 2)
+    gib = float(sys.argv[1]) if len(sys.argv) > 1 else (40.0 if total >= 64 * GiB else total / GiB / 2)
     torch.empty(1, device="cuda")
     context_source, context = nvml_used()  # the CUDA context and torch's own buffers, before any tensor
     pinned = pinned_bandwidth(torch)
