@@ -387,8 +387,10 @@ void copy_all(const std::vector<HostCopy>& copies, bool to_host) {
 
 void CudaBackend::back_up(int device, std::vector<HostCopy>& copies) {
   DeviceScope scope(device);
+  std::vector<HostCopy> made;  // allocated here: freed again on a throw
   try {
     for (HostCopy& c : copies) {
+      if (c.host) continue;  // kept from an earlier pause
       const cudaError_t status = cudaHostAlloc(&c.host, c.bytes, cudaHostAllocDefault);
       if (status != cudaSuccess) {
         c.host = nullptr;
@@ -396,10 +398,16 @@ void CudaBackend::back_up(int device, std::vector<HostCopy>& copies) {
         throw std::runtime_error("gpumem: cannot back up a paused region: pinned host memory for " + std::to_string(c.bytes) +
                                  " bytes could not be had (" + cudaGetErrorString(status) + ")");
       }
+      made.push_back(c);
     }
     copy_all(copies, true);
   } catch (...) {
-    drop_backup(device, copies);
+    drop_backup(device, made);
+    for (HostCopy& c : copies) {
+      for (const HostCopy& m : made) {
+        if (c.device_addr == m.device_addr) c.host = nullptr;
+      }
+    }
     throw;
   }
 }

@@ -446,10 +446,13 @@ void SimBackend::back_up(int device, std::vector<HostCopy>& copies) {
     }
   }
   for (HostCopy& c : copies) {
-    auto* copy = new SimCopy(d.contents.lower_bound(c.device_addr), d.contents.lower_bound(c.device_addr + c.bytes));
-    c.host = copy;
+    SimCopy values(d.contents.lower_bound(c.device_addr), d.contents.lower_bound(c.device_addr + c.bytes));
+    if (!c.host) {
+      c.host = new SimCopy;
+      d.ledger.host_held += c.bytes;
+    }
+    static_cast<SimCopy*>(c.host)->swap(values);
     d.ledger.backed_up += c.bytes;
-    d.ledger.host_held += c.bytes;
   }
 }
 

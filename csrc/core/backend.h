@@ -101,8 +101,9 @@ class Backend {
 
   // ---- Backups of a paused region (core/pause.cpp) ----
   // Copies each range [device_addr, device_addr + bytes) to host memory the device copies to at
-  // full speed (pinned), which it allocates into `host`; all done when it returns. On a throw it
-  // has freed what it allocated (every `host` null again).
+  // full speed (pinned): `host`, which it allocates where null (a copy kept from an earlier pause
+  // of the same range is reused); all done when it returns. On a throw it has freed what it
+  // allocated in this call (those `host` null again).
   virtual void back_up(int /*device*/, std::vector<HostCopy>& /*copies*/) { throw no_backup(); }
   // Copies each back to its range (mapped again at the same address); all done when it returns.
   virtual void restore(int /*device*/, const std::vector<HostCopy>& /*copies*/) { throw no_backup(); }

@@ -246,6 +246,11 @@ std::size_t DeviceAllocator::resume(PoolId id) {
   }
 }
 
+std::size_t DeviceAllocator::drop_backup(PoolId id) {
+  const WholeDevice whole(core_);
+  return core_.drop_backup(id);
+}
+
 std::size_t DeviceAllocator::paused_bytes() const {
   const WholeDevice whole(core_);
   return core_.paused_bytes();

@@ -150,6 +150,7 @@ class DeviceAllocator {
   void create_region(PoolId id);
   std::size_t pause(PoolId id, bool backup);
   std::size_t resume(PoolId id);
+  std::size_t drop_backup(PoolId id);
   // The bytes paused regions gave back, and their live blocks' bytes.
   std::size_t paused_bytes() const;
   std::size_t paused_allocated() const;

@@ -145,6 +145,9 @@ class DeviceCore {
   // device refused and others share the GPU, returns nullopt first, with the hooks in `asking`:
   // ask them (ask_neighbours) and call again.
   std::optional<std::size_t> resume(PoolId id, Asking& asking);
+  // Frees the host copy a resumed region kept for its next pause; returns its bytes (0 if it has
+  // none, or is paused: its backup is what resume copies back).
+  std::size_t drop_backup(PoolId id);
   // The bytes paused regions gave back (their chunks), and their live blocks' bytes.
   std::size_t paused_bytes() const { return paused_bytes_; }
   std::size_t paused_allocated() const { return paused_allocated_; }
@@ -267,12 +270,14 @@ class DeviceCore {
   ShareHooks* share_ = nullptr;  // the GPU's sharing (core/share_hooks.h), where this process shares it
   std::atomic<int> asks_in_flight_{0};  // asks running with no lock held (set_share waits for them)
   int asks_process_ = 0;                // the process they run in (under the whole device)
-  // Paused regions (core/pause.cpp): their backups, the bytes they unmapped, and their live blocks'
-  // bytes, which allocated() leaves out (they hold no memory while paused).
+  // Paused regions (core/pause.cpp): their backups (kept after a resume for the next pause), the
+  // bytes they unmapped, and their live blocks' bytes, which allocated() leaves out (they hold no
+  // memory while paused).
   std::map<PoolId, std::vector<HostCopy>> backups_;
   std::size_t paused_bytes_ = 0;
   std::size_t paused_allocated_ = 0;
   Pool& region_of(PoolId id) const;
+  void reuse_backup(PoolId id, std::vector<HostCopy>& copies);
   std::size_t live_bytes_of(const Pool& pool) const;
 };
 

@@ -23,8 +23,12 @@
 // unused cache goes back and it tries once more; where that fails too, the runs mapped so far go
 // back and the error names the paused bytes: the region stays paused and its tensors keep their
 // backup. Where the device refused and other processes share the GPU, they are asked first, as for
-// a request (DeviceAllocator::resume asks with no lock held and calls again). Then the backup is copied back and freed. Blocks freed while
-// paused come back as cached memory, which the next release gives back.
+// a request (DeviceAllocator::resume asks with no lock held and calls again). Then the backup is
+// copied back, and kept: pinning host memory is slow next to copying to it (docs/benchmarks.md,
+// "Pausing a region"), so the next pause of the same chunks (an RL loop's every round) reuses it;
+// a pause of other chunks, drop_backup or the allocator's end frees it. Blocks freed while paused
+// come back as cached memory, which the next release gives back.
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -45,6 +49,31 @@ void DeviceCore::create_region(PoolId id) {
     throw std::invalid_argument("gpumem: that pool exists already; a region's pool is its own");
   }
   pool.make_region();
+}
+
+// The host copies a resumed region kept, for a pause of the same runs of chunks (reused as they
+// are); where the runs differ, they go.
+void DeviceCore::reuse_backup(PoolId id, std::vector<HostCopy>& copies) {
+  const auto kept = backups_.find(id);
+  if (kept == backups_.end()) return;
+  const auto same = [](const HostCopy& a, const HostCopy& b) { return a.device_addr == b.device_addr && a.bytes == b.bytes; };
+  if (std::equal(copies.begin(), copies.end(), kept->second.begin(), kept->second.end(), same)) {
+    copies = kept->second;
+    return;
+  }
+  d_.backend.drop_backup(d_.device, kept->second);
+  backups_.erase(kept);
+}
+
+std::size_t DeviceCore::drop_backup(PoolId id) {
+  const Pool& pool = region_of(id);
+  const auto kept = backups_.find(id);
+  if (pool.paused() || kept == backups_.end()) return 0;
+  std::size_t bytes = 0;
+  for (const HostCopy& c : kept->second) bytes += c.bytes;
+  d_.backend.drop_backup(d_.device, kept->second);
+  backups_.erase(kept);
+  return bytes;
 }
 
 Pool& DeviceCore::region_of(PoolId id) const {
@@ -92,6 +121,7 @@ std::size_t DeviceCore::pause(PoolId id, bool backup) {
       }
       if (hi > lo) copies.push_back({lo, hi - lo, nullptr});
     }
+    reuse_backup(id, copies);
     d_.backend.back_up(d_.device, copies);  // throws having freed what it allocated: nothing changed yet
   }
   std::size_t bytes = 0;
@@ -157,8 +187,7 @@ std::optional<std::size_t> DeviceCore::resume(PoolId id, Asking& asking) {
       for (Segment* segment : segments) sources_.growable.pause(*segment);
       throw;
     }
-    d_.backend.drop_backup(d_.device, backup->second);
-    backups_.erase(backup);
+    // Kept: the next pause of the same chunks reuses it (pinning host memory costs more than the copy).
   }
   paused_allocated_ -= live_bytes_of(pool);
   paused_bytes_ -= bytes;

@@ -546,6 +546,9 @@ void bind_process_allocator(py::module_& m) {
   m.def("region_resume", [core](int device, std::uint64_t serial) { return core().device(device).resume(region_id(serial)); },
         py::arg("device"), py::arg("serial"), Release(),
         "Resumes the region: the bytes mapped again (0 if not paused); OutOfMemoryError where they do not fit.");
+  m.def("region_drop_backup", [core](int device, std::uint64_t serial) { return core().device(device).drop_backup(region_id(serial)); },
+        py::arg("device"), py::arg("serial"), Release(),
+        "Frees the host copy a resumed region kept for its next pause: its bytes (0 if none, or paused).");
   m.def("paused_bytes", [core](int device) {
     const DeviceAllocator* d = core().existing(device);
     return py::make_tuple(d ? d->paused_bytes() : 0, d ? d->paused_allocated() : 0);
@@ -591,6 +594,9 @@ void bind_sim_allocator(py::module_& m) {
       }, py::arg("device"), py::arg("serial"), py::arg("backup"))
       .def("region_resume", [](SimAllocator& s, int device, std::uint64_t serial) { return s.device(device).resume(region_id(serial)); },
            py::arg("device"), py::arg("serial"))
+      .def("region_drop_backup", [](SimAllocator& s, int device, std::uint64_t serial) {
+        return s.device(device).drop_backup(region_id(serial));
+      }, py::arg("device"), py::arg("serial"))
       .def("malloc_uncached", &SimAllocator::malloc_uncached, py::arg("device"), py::arg("size"),
            "Memory of its own from the device, as while caching is off; free_uncached gives it back.")
       .def("free_uncached", &SimAllocator::free_uncached, py::arg("device"), py::arg("addr"))

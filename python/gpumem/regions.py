@@ -99,7 +99,8 @@ def _chosen(tag: Optional[str], device: Device) -> list[tuple[int, int, str]]:
 def pause(tag: Optional[str] = None, device: Device = None) -> int:
     """Gives the memory of region `tag` (every region if None) back to the device: its cache and
     its live tensors' memory, after waiting for the work queued on the device and, for a region
-    made with backup=True, copying their contents to pinned host memory. Their addresses stay
+    made with backup=True, copying their contents to pinned host memory (kept from the region's
+    last pause where it pauses the same memory, see drop_backups). Their addresses stay
     reserved. With no tag, the process's other cached memory goes back too (empty_cache). Returns the bytes the regions gave
     back; a region paused already gives none. Raises RuntimeError inside a region's block or a
     graph capture (nothing changes)."""
@@ -133,6 +134,18 @@ def resume(tag: Optional[str] = None, device: Device = None) -> int:
                 raise torch.OutOfMemoryError(f"gpumem: region {name!r} on device {index}: {error}") from None
             del _paused[(index, serial)]
     return resumed
+
+
+def drop_backups(tag: Optional[str] = None, device: Device = None) -> int:
+    """Frees the pinned host copy that region `tag` (every region if None) kept after its last
+    resume for its next pause, which then copies to new host memory; a paused region keeps its
+    own (resume copies it back). Returns the bytes freed."""
+    dropped = 0
+    with _lock:
+        for index, serial, name in _chosen(tag, device):
+            if (index, serial) not in _paused:
+                dropped += _C.region_drop_backup(index, serial)
+    return dropped
 
 
 def paused(device: Device = None) -> dict[str, int]:

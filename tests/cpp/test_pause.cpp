@@ -105,11 +105,39 @@ TEST_CASE("pause gives back a region's live and cached memory; resume maps it at
   REQUIRE(sim.alloc.reserved() == paused + outside->segment->mapped());
   REQUIRE(sim.alloc.paused_bytes() == 0);
   REQUIRE(sim.alloc.paused_allocated() == 0);
-  REQUIRE(sim.ledger().host_held == 0);  // the backup went
+  REQUIRE(sim.ledger().host_held == paused);  // the backup kept for the next pause
   REQUIRE(sim.alloc.resume(kRegion) == 0);  // not paused: nothing
+
+  // The next pause of the same chunks reuses the kept backup, with the contents of now.
+  sim.backend.write(0, a_addr, 0xAA);
+  REQUIRE(sim.alloc.pause(kRegion, true) == paused);
+  REQUIRE(sim.ledger().host_held == paused);
+  REQUIRE(sim.ledger().backed_up == 2 * paused);
+  REQUIRE(sim.alloc.drop_backup(kRegion) == 0);  // paused: its backup is what resume restores
+  sim.alloc.resume(kRegion);
+  REQUIRE(sim.backend.read(0, a_addr) == std::optional<std::uint64_t>{0xAA});
+  REQUIRE(sim.alloc.drop_backup(kRegion) == paused);
+  REQUIRE(sim.ledger().host_held == 0);
   sim.free(a);
   sim.free(c);
   sim.free(outside);
+}
+
+TEST_CASE("a pause of other chunks than the kept backup's frees it and backs up anew", "[pause]") {
+  VmSim sim;
+  sim.alloc.create_region(kRegion);
+  Block* a = in_region(sim, 10 * MiB);
+  const std::size_t first = sim.alloc.pause(kRegion, true);
+  sim.alloc.resume(kRegion);
+  Block* b = in_region(sim, 30 * MiB);  // the region grew
+  sim.backend.write(0, b->addr, 9);
+  const std::size_t second = sim.alloc.pause(kRegion, true);
+  REQUIRE(second > first);
+  REQUIRE(sim.ledger().host_held == second);  // the old copy went, the new one is whole
+  sim.alloc.resume(kRegion);
+  REQUIRE(sim.backend.read(0, b->addr) == std::optional<std::uint64_t>{9});
+  sim.free(a);
+  sim.free(b);
 }
 
 TEST_CASE("without a backup, a resumed region has its memory back but not its contents", "[pause]") {
