@@ -1,6 +1,7 @@
 // Regions paused and resumed (core/pause.cpp) on the simulated device with virtual memory: a
 // region's memory, live blocks included, goes back to the device and comes back at the same
 // addresses, its contents restored from a backup where one was asked for, under the cap.
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -28,6 +29,13 @@ std::size_t allocated(const Sim& sim) {
 
 std::size_t stats_reserved(const Sim& sim) {
   return static_cast<std::size_t>(sim.stats().reserved_bytes[kAll].current);
+}
+
+// Frees `blocks` and empties the cache: the device then holds nothing of the allocator's.
+void free_all(Sim& sim, std::initializer_list<Block*> blocks) {
+  for (Block* b : blocks) sim.free(b);
+  sim.alloc.empty_cache();
+  REQUIRE(sim.ledger().mapped == 0);
 }
 
 template <class Error, class Call>
@@ -248,9 +256,7 @@ TEST_CASE("a paused region refuses allocations, frees its tensors, and is left a
   REQUIRE(sim.alloc.paused_allocated() == 0);
   sim.alloc.empty_cache();  // what was freed while paused is cache now, and goes
   REQUIRE(sim.alloc.reserved() < b->size + 2 * kSimPage);
-  sim.free(b);
-  sim.alloc.empty_cache();
-  REQUIRE(sim.ledger().mapped == 0);
+  free_all(sim, {b});
 }
 
 TEST_CASE("a paused tensor used on another stream and freed waits for that stream, and resume counts it freed", "[pause]") {
@@ -267,9 +273,7 @@ TEST_CASE("a paused tensor used on another stream and freed waits for that strea
   REQUIRE(sim.alloc.paused_allocated() == 0);
   REQUIRE(allocated(sim) == b->size);
   sim.backend.complete_events();
-  sim.free(b);
-  sim.alloc.empty_cache();
-  REQUIRE(sim.ledger().mapped == 0);
+  free_all(sim, {b});
 }
 
 TEST_CASE("pausing while a pool is the allocation target is refused, changing nothing", "[pause]") {
