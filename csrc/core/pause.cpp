@@ -24,8 +24,9 @@
 // back and the error names the paused bytes: the region stays paused and its tensors keep their
 // backup. Where the device refused and other processes share the GPU, they are asked first, as for
 // a request (DeviceAllocator::resume asks with no lock held and calls again). Then the backup is
-// copied back, and kept: pinning host memory is slow next to copying to it (docs/benchmarks.md,
-// "Pausing a region"), so the next pause of the same chunks (an RL loop's every round) reuses it;
+// copied back, and kept: pinning host memory locks and maps every page of it, work a copy into
+// memory pinned already does not do, so the next pause of the same chunks (an RL loop's every
+// round) reuses it (benchmarks/bench_pause.py times the first pause and the later ones);
 // a pause of other chunks, drop_backup or the allocator's end frees it. Blocks freed while paused
 // come back as cached memory, which the next release gives back.
 #include <algorithm>
