@@ -442,21 +442,6 @@ void GrowableSegments::drop(const Segment& segment) noexcept {
 
 // ---- pausing a region (core/pause.cpp) ----
 
-namespace {
-
-// Calls f(lo, hi) for each run of adjacent chunks in `chunks`, in address order.
-template <typename F>
-void for_each_run(const std::set<std::uintptr_t>& chunks, std::size_t chunk, F f) {
-  for (auto it = chunks.begin(); it != chunks.end();) {
-    const std::uintptr_t lo = *it;
-    std::uintptr_t hi = lo + chunk;
-    for (++it; it != chunks.end() && *it == hi; ++it) hi += chunk;
-    f(lo, hi);
-  }
-}
-
-}  // namespace
-
 std::size_t GrowableSegments::unmap_cached_of(const Pool& pool) {
   std::vector<Block*> blocks;
   for (const auto& [addr, segment] : d_.segments) {

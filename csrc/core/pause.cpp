@@ -112,15 +112,8 @@ std::size_t DeviceCore::pause(PoolId id, bool backup) {
   }
   if (backup) {  // a copy for each run of adjacent chunks
     for (Segment* segment : segments) {
-      std::uintptr_t lo = 0, hi = 0;
-      for (const std::uintptr_t c : segment->chunks) {
-        if (c != hi) {
-          if (hi > lo) copies.push_back({lo, hi - lo, nullptr});
-          lo = c;
-        }
-        hi = c + segment->chunk;
-      }
-      if (hi > lo) copies.push_back({lo, hi - lo, nullptr});
+      for_each_run(segment->chunks, segment->chunk,
+                   [&](std::uintptr_t lo, std::uintptr_t hi) { copies.push_back({lo, hi - lo, nullptr}); });
     }
     reuse_backup(id, copies);
     d_.backend.back_up(d_.device, copies);  // throws having freed what it allocated: nothing changed yet
