@@ -58,6 +58,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.whole_gpu
 def test_a_paused_region_frees_its_memory_and_resumes_at_the_same_addresses_with_its_contents(run_python):
     r = run_python(ROUND_TRIP)
     assert r["paused"] >= r["live"]  # its live tensors' memory went back, whole chunks
@@ -144,6 +145,7 @@ print(json.dumps({"error": error, "still": still, "resumed": resumed, "same": to
 """
 
 
+@pytest.mark.whole_gpu
 @pytest.mark.parametrize("neighbour", ["native", "gpumem"])
 def test_a_neighbour_uses_the_paused_memory_and_resume_fails_cleanly_until_it_is_back(run_python, neighbour):
     # The neighbour runs as users start it: native PyTorch, or gpumem installed by GPUMEM_LIMIT.
@@ -155,6 +157,7 @@ def test_a_neighbour_uses_the_paused_memory_and_resume_fails_cleanly_until_it_is
     assert r["held_by"] == ["holding", neighbour]
 
 
+@pytest.mark.whole_gpu
 def test_the_rl_example_pauses_its_engine_for_every_training_step(tmp_path):
     """examples/rl_loop.py, run as a user runs it: 10 rounds, each checking the engine's weights;
     the trainer's step uses memory that the cap has room for only while the engine is paused."""
