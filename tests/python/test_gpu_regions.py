@@ -176,3 +176,55 @@ def test_the_rl_example_pauses_its_engine_for_every_training_step(tmp_path):
     assert summary["weights_intact"]
     assert summary["trainer_peak_reserved"] <= summary["limit"]
     assert summary["trainer_peak_beside_a_resident_engine"] > summary["limit"], summary
+
+
+# A process sharing the GPU (started by `gpumem run --share`) pauses a region with a backup; a
+# neighbour started with GPUMEM_SHARE=on fills the device and frees its tensors, keeping the memory
+# in its cache. The resume finds the device full and asks the neighbour, as an allocation would.
+PAUSER = """
+import json, sys, torch, gpumem
+with gpumem.region("engine", backup=True):
+    weights = torch.randn(1 << 30, device="cuda")  # 4 GiB
+def digest():
+    return [int(p.sum(dtype=torch.int64)) for p in weights.view(torch.int32).split(64 << 20)]
+kept = digest()
+for command in sys.stdin:
+    reply = {}
+    if command.strip() == "pause":
+        reply["paused"] = gpumem.pause("engine")
+    elif command.strip() == "resume":
+        try:
+            reply["resumed"] = gpumem.resume("engine")
+            reply["same"] = digest() == kept
+        except torch.OutOfMemoryError as error:
+            reply["error"] = str(error)
+    reply.update(reserved=torch.cuda.memory_reserved(0), sharing=gpumem.sharing.status(0))
+    print(json.dumps(reply), flush=True)
+"""
+
+
+@pytest.mark.whole_gpu
+def test_a_resume_on_a_device_a_sharing_neighbour_filled_asks_it_for_its_cache(tmp_path):
+    import sys
+    from test_gpu_sharing import PROGRAM, Program, environment
+    run_dir = str(tmp_path / "run")
+    pauser = Program([sys.executable, "-m", "gpumem", "run", "--share", "--", sys.executable, "-c", PAUSER],
+                     environment(run_dir))
+    neighbour = None
+    try:
+        paused = pauser.ask("pause")
+        assert paused["paused"] >= 4 * GiB and paused["sharing"] is not None, paused
+        neighbour = Program([sys.executable, "-c", PROGRAM], environment(run_dir, GPUMEM_SHARE="on"))
+        grown = neighbour.ask("hold 1000")  # as far as the device lets it
+        assert grown["held"] * GiB > torch.cuda.get_device_properties(0).total_memory - paused["paused"] - 8 * GiB
+        assert neighbour.ask("free")["reserved"] == grown["reserved"]  # its tensors go, its cache stays
+        resumed = pauser.ask("resume")
+        assert resumed.get("resumed") == paused["paused"] and resumed["same"], resumed
+        assert resumed["sharing"]["asks_made"] > paused["sharing"]["asks_made"], resumed
+        after = neighbour.ask("figures")
+        assert after["sharing"]["given_back"] > 0, after
+        assert after["reserved"] < grown["reserved"]
+    finally:
+        for program in (pauser, neighbour):
+            if program is not None:
+                program.close()
