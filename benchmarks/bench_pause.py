@@ -6,7 +6,8 @@
 One process, gpumem enabled. A region with a backup holds GIB of live tensors (weights, an
 optimizer-like state, a KV-cache-like buffer, in 8:4:4 parts) and a CUDA graph captured over them;
 it is paused and resumed three times. Printed, one JSON line each:
-  - pinned: torch's copies of one pinned host tensor of 4 GiB to and from the device, GiB/s;
+  - pinned: torch's copies of one pinned host tensor of 4 GiB to and from the device, GiB/s, and
+    the rate at which new host memory was pinned for it (pin_new);
   - backup: each cycle's pause and resume, seconds and GiB/s over the backed-up bytes, and the
     share of the pinned bandwidth that is; the device's used memory (NVML for this process where
     the driver lists it, else the device's) before and after the pause, and the share of reserved
@@ -40,9 +41,11 @@ def nvml_used() -> tuple[str, int]:
 
 
 def pinned_bandwidth(torch) -> dict:
-    host = torch.empty(4 * GiB, dtype=torch.uint8).pin_memory()
+    start = time.perf_counter()
+    host = torch.empty(4 * GiB, dtype=torch.uint8, pin_memory=True)  # what pinning new host memory costs
+    pin_s = time.perf_counter() - start
     dev = torch.empty(4 * GiB, dtype=torch.uint8, device="cuda")
-    out = {}
+    out = {"pin_new": round(4 / pin_s, 2)}
     for name, copy in (("to_host", lambda: host.copy_(dev, non_blocking=True)),
                        ("to_device", lambda: dev.copy_(host, non_blocking=True))):
         copy()
