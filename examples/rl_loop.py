@@ -22,8 +22,7 @@ MiB = 1 << 20
 
 def main() -> int:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 10
-    total = torch.cuda.get_device_properties(0).total_memory
-    gpumem.set_limit(total // 2)
+    gpumem.set_limit("50%")  # before any CUDA work: half of device 0
     limit = gpumem.get_limit()
     share = limit // 5  # the weights' bytes, and the KV cache's
 

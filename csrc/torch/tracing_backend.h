@@ -3,7 +3,8 @@
 // growable segments map and unmap (segment_map / segment_unmap, as torch's expandable segments
 // report them), then forwards to the real backend. Address ranges hold no memory and are not
 // reported. The core does not know it is watched. Memory is reserved and mapped only on the slow
-// path, so the extra virtual call costs nothing that matters.
+// path, so the extra virtual call costs nothing that matters. It overrides every call of Backend:
+// one left out would reach Backend's default (which refuses), never the real backend.
 #pragma once
 
 #include "core/backend.h"
@@ -46,6 +47,9 @@ class TracingBackend final : public Backend {
   bool map(int device, void* ptr, std::size_t bytes, std::size_t chunk) override;
   void unmap(int device, void* ptr, std::size_t bytes) override;
   void grant_peer(int device, int peer) override { inner_.grant_peer(device, peer); }
+  void back_up(int device, std::vector<HostCopy>& copies) override { inner_.back_up(device, copies); }
+  void restore(int device, const std::vector<HostCopy>& copies) override { inner_.restore(device, copies); }
+  void drop_backup(int device, std::vector<HostCopy>& copies) noexcept override { inner_.drop_backup(device, copies); }
   CaptureMarker capture_marker(int device, StreamId stream) override { return inner_.capture_marker(device, stream); }
   bool capture_follows(int device, StreamId stream, CaptureMarker marker) override {
     return inner_.capture_follows(device, stream, marker);

@@ -2,6 +2,8 @@
 // pages mapped and unmapped, getExpandableSegmentSizes lists them as native lists its own.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "adapter_fixture.h"
@@ -86,3 +88,29 @@ TEST_CASE("a device that has made no allocator lists no expandable segments", "[
   REQUIRE(sim.adapter.core().existing(1) == nullptr);
 }
 #endif
+
+TEST_CASE("a region paused and resumed through the adapter keeps its contents: its backup reaches the real backend",
+          "[torch][growable][pause]") {
+  SimAdapter sim(1 * GiB, 1, kPage);
+  DeviceAllocator& device = sim.core_device();
+  const PoolId region{std::uint64_t{1} << 62, 7};
+  device.create_region(region);
+  device.begin_allocate_to_pool(region, [](StreamId) { return true; });
+  c10::DataPtr weights = sim.adapter.allocate(3 * kPage);
+  device.end_allocate_to_pool(region);
+  const std::uintptr_t at = address_of(weights) + kPage;
+  sim.backend.write(0, at, 42);
+
+  REQUIRE(device.pause(region, true) >= 3 * kPage);
+  REQUIRE_FALSE(sim.backend.is_mapped(0, at));
+  REQUIRE(sim.backend.ledger(0).backed_up >= 3 * kPage);
+  REQUIRE(device.resume(region) >= 3 * kPage);
+  REQUIRE(sim.backend.read(0, at) == std::optional<std::uint64_t>(42));
+  // The history saw the pages go and come back, as torch's expandable segments report them.
+  record_history(sim.adapter, true, nullptr, 100, TorchRecordContext::STATE);
+  REQUIRE(device.pause(region, true) > 0);
+  REQUIRE(device.resume(region) > 0);
+  const std::vector<TraceEntry> entries = segment_entries(sim.adapter);
+  REQUIRE(std::count_if(entries.begin(), entries.end(), [](const TraceEntry& e) { return e.action_ == Action::SEGMENT_UNMAP; }) > 0);
+  REQUIRE(std::count_if(entries.begin(), entries.end(), [](const TraceEntry& e) { return e.action_ == Action::SEGMENT_MAP; }) > 0);
+}

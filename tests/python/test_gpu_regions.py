@@ -14,6 +14,7 @@ GiB = 1 << 30
 # captured over the weights, then pause and resume: what the device freed, the contents, the
 # addresses and the graph's replay.
 ROUND_TRIP = """
+gpumem.enable()  # before torch's first CUDA call (get_device_properties starts CUDA)
 MiB = 1 << 20
 gib = max(1, min(8, torch.cuda.get_device_properties(0).total_memory // (10 << 30)))
 with gpumem.region("engine", backup=True):
