@@ -1,6 +1,7 @@
 #include "backends/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -9,10 +10,13 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <condition_variable>
 #include <iterator>
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -354,21 +358,120 @@ void CudaBackend::synchronize_stream(int device, StreamId stream) {
 }
 
 // ---- Backups of paused regions ----------------------------------------------------------------
+//
+// A backup's host memory is ordinary memory (mmap) that CUDA pins (cudaHostRegister) in pieces of
+// kPinPiece: pinning new memory runs far below the copies (the kernel faults, zeroes and locks each
+// page), so several threads pin pieces while the copies of the pieces pinned already run. Copies go
+// in pieces of kCopyPiece, alternating between two streams of their own; each lies inside one
+// pinned piece. drop_backup unpins the pieces and unmaps the memory.
 
 namespace {
 
+constexpr std::size_t kCopyPiece = std::size_t{64} << 20;
+constexpr std::size_t kPinPiece = std::size_t{256} << 20;
+static_assert(kPinPiece % kCopyPiece == 0, "a copy lies inside one pinned piece");
+
+unsigned pin_threads() {
+  const unsigned cores = std::thread::hardware_concurrency();
+  return std::clamp(cores / 2, 1u, 8u);
+}
+
+std::size_t pieces_of(std::size_t bytes) { return (bytes + kPinPiece - 1) / kPinPiece; }
+
+// Unpins the first `pinned` pieces of `host` (of `bytes`) and unmaps it.
+void free_host(void* host, std::size_t bytes, std::size_t pinned) noexcept {
+  for (std::size_t k = 0; k < pinned; ++k) cudaHostUnregister(static_cast<char*>(host) + k * kPinPiece);
+  cudaGetLastError();
+  munmap(host, bytes);
+}
+
+// The pieces of new host memory to pin, pinned by pin_threads() threads in order while the caller
+// waits for each in turn (wait_for). Its destructor joins the threads.
+class Pinning {
+ public:
+  struct Piece {
+    char* at;
+    std::size_t bytes;
+  };
+
+  Pinning(int device, std::vector<Piece> pieces) : device_(device), pieces_(std::move(pieces)), state_(pieces_.size(), kPending) {
+    const auto threads = static_cast<unsigned>(std::min<std::size_t>(pin_threads(), pieces_.size()));
+    for (unsigned t = 0; t < threads; ++t) threads_.emplace_back([this] { work(); });
+  }
+  ~Pinning() {
+    stop_ = true;
+    for (std::thread& t : threads_) t.join();
+  }
+  Pinning(const Pinning&) = delete;
+  Pinning& operator=(const Pinning&) = delete;
+
+  // Waits until piece k is pinned: cudaSuccess, or why it could not be.
+  cudaError_t wait_for(std::size_t k) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] { return state_[k] != kPending; });
+    return state_[k] == kPinned ? cudaSuccess : errors_[k];
+  }
+  // After the threads are joined: whether piece k was pinned.
+  bool pinned(std::size_t k) const { return state_[k] == kPinned; }
+  void join() {
+    stop_ = true;
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+
+ private:
+  enum State : unsigned char { kPending, kPinned, kFailed };
+
+  void work() {
+    const cudaError_t set = cudaSetDevice(device_);
+    for (std::size_t k = next_++; k < pieces_.size(); k = next_++) {
+      cudaError_t status = set;
+      if (status == cudaSuccess && !stop_) {
+        status = cudaHostRegister(pieces_[k].at, pieces_[k].bytes, cudaHostRegisterPortable);
+      } else if (status == cudaSuccess) {
+        status = cudaErrorCudartUnloading;  // given up: the caller stopped waiting
+      }
+      if (status != cudaSuccess) cudaGetLastError();
+      std::lock_guard<std::mutex> lock(mutex_);
+      state_[k] = status == cudaSuccess ? kPinned : kFailed;
+      if (status != cudaSuccess) errors_[k] = status;
+      done_.notify_all();
+    }
+  }
+
+  const int device_;
+  const std::vector<Piece> pieces_;
+  std::vector<State> state_;
+  std::map<std::size_t, cudaError_t> errors_;
+  std::atomic<std::size_t> next_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex mutex_;
+  std::condition_variable done_;
+  std::vector<std::thread> threads_;
+};
+
 // Copies every range between the device and its host copy, in pieces alternating between two
-// streams of their own (so that one piece's setup overlaps another's transfer), and waits for
-// them all. The streams go whatever happens.
-void copy_all(const std::vector<HostCopy>& copies, bool to_host) {
-  constexpr std::size_t kPiece = std::size_t{64} << 20;
+// streams of their own, and waits for them all; a piece of a range in `pinning` (copy index ->
+// its first piece there) is queued once that piece is pinned. The streams go whatever happens.
+void copy_all(const std::vector<HostCopy>& copies, bool to_host, Pinning* pinning = nullptr,
+              const std::map<std::size_t, std::size_t>& first_piece = {}) {
   std::array<cudaStream_t, 2> streams{};
   for (cudaStream_t& stream : streams) check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   cudaError_t status = cudaSuccess;
+  const char* failed = to_host ? "copying a paused region to the host" : "copying a paused region back to the device";
   std::size_t piece = 0;
-  for (const HostCopy& c : copies) {
-    for (std::size_t at = 0; at < c.bytes && status == cudaSuccess; at += kPiece, ++piece) {
-      const std::size_t n = std::min(kPiece, c.bytes - at);
+  for (std::size_t i = 0; i < copies.size() && status == cudaSuccess; ++i) {
+    const HostCopy& c = copies[i];
+    const auto fresh = first_piece.find(i);
+    for (std::size_t at = 0; at < c.bytes && status == cudaSuccess; at += kCopyPiece, ++piece) {
+      if (pinning && fresh != first_piece.end() && at % kPinPiece == 0) {
+        status = pinning->wait_for(fresh->second + at / kPinPiece);
+        if (status != cudaSuccess) {
+          failed = "pinning host memory for a paused region's backup (cudaHostRegister)";
+          break;
+        }
+      }
+      const std::size_t n = std::min(kCopyPiece, c.bytes - at);
       void* device_ptr = reinterpret_cast<void*>(c.device_addr + at);
       void* host_ptr = static_cast<char*>(c.host) + at;
       status = to_host ? cudaMemcpyAsync(host_ptr, device_ptr, n, cudaMemcpyDeviceToHost, streams[piece % 2])
@@ -380,34 +483,51 @@ void copy_all(const std::vector<HostCopy>& copies, bool to_host) {
     if (status == cudaSuccess) status = synced;
     cudaStreamDestroy(stream);
   }
-  check(status, to_host ? "copying a paused region to the host" : "copying a paused region back to the device");
+  check(status, failed);
 }
 
 }  // namespace
 
 void CudaBackend::back_up(int device, std::vector<HostCopy>& copies) {
   DeviceScope scope(device);
-  std::vector<HostCopy> made;  // allocated here: freed again on a throw
+  // New host memory where a range has none kept: mapped here, pinned by the Pinning's threads.
+  std::map<std::size_t, std::size_t> first_piece;  // copy index -> its first piece in `pieces`
+  std::vector<Pinning::Piece> pieces;
+  const auto unmap_fresh = [&] {
+    for (const auto& [i, first] : first_piece) {
+      munmap(copies[i].host, copies[i].bytes);
+      copies[i].host = nullptr;
+    }
+  };
+  for (std::size_t i = 0; i < copies.size(); ++i) {
+    HostCopy& c = copies[i];
+    if (c.host) continue;  // kept from an earlier pause
+    void* host = mmap(nullptr, c.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (host == MAP_FAILED) {
+      const int error = errno;
+      unmap_fresh();
+      throw std::runtime_error("gpumem: cannot back up a paused region: host memory for " + std::to_string(c.bytes) +
+                               " bytes could not be mapped (" + std::strerror(error) + ")");
+    }
+    madvise(host, c.bytes, MADV_HUGEPAGE);  // fewer pages to fault and pin where the kernel has huge pages
+    c.host = host;
+    first_piece.emplace(i, pieces.size());
+    for (std::size_t at = 0; at < c.bytes; at += kPinPiece) {
+      pieces.push_back({static_cast<char*>(host) + at, std::min(kPinPiece, c.bytes - at)});
+    }
+  }
+  Pinning pinning(device, pieces);
   try {
-    for (HostCopy& c : copies) {
-      if (c.host) continue;  // kept from an earlier pause
-      const cudaError_t status = cudaHostAlloc(&c.host, c.bytes, cudaHostAllocDefault);
-      if (status != cudaSuccess) {
-        c.host = nullptr;
-        cudaGetLastError();
-        throw std::runtime_error("gpumem: cannot back up a paused region: pinned host memory for " + std::to_string(c.bytes) +
-                                 " bytes could not be had (" + cudaGetErrorString(status) + ")");
-      }
-      made.push_back(c);
-    }
-    copy_all(copies, true);
+    copy_all(copies, true, &pinning, first_piece);
   } catch (...) {
-    drop_backup(device, made);
-    for (HostCopy& c : copies) {
-      for (const HostCopy& m : made) {
-        if (c.device_addr == m.device_addr) c.host = nullptr;
+    pinning.join();
+    for (const auto& [i, first] : first_piece) {
+      for (std::size_t k = 0; k < pieces_of(copies[i].bytes); ++k) {
+        if (pinning.pinned(first + k)) cudaHostUnregister(static_cast<char*>(copies[i].host) + k * kPinPiece);
       }
     }
+    cudaGetLastError();
+    unmap_fresh();
     throw;
   }
 }
@@ -419,7 +539,7 @@ void CudaBackend::restore(int device, const std::vector<HostCopy>& copies) {
 
 void CudaBackend::drop_backup(int /*device*/, std::vector<HostCopy>& copies) noexcept {
   for (HostCopy& c : copies) {
-    if (c.host) cudaFreeHost(c.host);
+    if (c.host) free_host(c.host, c.bytes, pieces_of(c.bytes));
     c.host = nullptr;
   }
 }

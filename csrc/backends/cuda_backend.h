@@ -42,8 +42,9 @@ class CudaBackend : public Backend {
   void unmap(int device, void* ptr, std::size_t bytes) override;
   void grant_peer(int device, int peer) override;
 
-  // A paused region's backup: pinned host memory (cudaHostAlloc) per range, the copies queued in
-  // pieces on two streams of their own and waited for.
+  // A paused region's backup: host memory per range, mapped and pinned (cudaHostRegister) in pieces
+  // by several threads while the copies of the pieces pinned already run, queued in pieces on two
+  // streams of their own and waited for (cuda_backend.cpp, "Backups of paused regions").
   void back_up(int device, std::vector<HostCopy>& copies) override;
   void restore(int device, const std::vector<HostCopy>& copies) override;
   void drop_backup(int device, std::vector<HostCopy>& copies) noexcept override;
