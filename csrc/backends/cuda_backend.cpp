@@ -10,18 +10,16 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
-#include <condition_variable>
 #include <iterator>
 #include <map>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "backends/cuda_driver.h"
 #include "backends/nvml.h"
+#include "backends/piece_pinning.h"
 #include "core/errors.h"
 
 namespace gpumem {
@@ -385,75 +383,10 @@ void free_host(void* host, std::size_t bytes, std::size_t pinned) noexcept {
   munmap(host, bytes);
 }
 
-// The pieces of new host memory to pin, pinned by pin_threads() threads in order while the caller
-// waits for each in turn (wait_for). Its destructor joins the threads.
-class Pinning {
- public:
-  struct Piece {
-    char* at;
-    std::size_t bytes;
-  };
-
-  Pinning(int device, std::vector<Piece> pieces) : device_(device), pieces_(std::move(pieces)), state_(pieces_.size(), kPending) {
-    const auto threads = static_cast<unsigned>(std::min<std::size_t>(pin_threads(), pieces_.size()));
-    for (unsigned t = 0; t < threads; ++t) threads_.emplace_back([this] { work(); });
-  }
-  ~Pinning() {
-    stop_ = true;
-    for (std::thread& t : threads_) t.join();
-  }
-  Pinning(const Pinning&) = delete;
-  Pinning& operator=(const Pinning&) = delete;
-
-  // Waits until piece k is pinned: cudaSuccess, or why it could not be.
-  cudaError_t wait_for(std::size_t k) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return state_[k] != kPending; });
-    return state_[k] == kPinned ? cudaSuccess : errors_[k];
-  }
-  // After the threads are joined: whether piece k was pinned.
-  bool pinned(std::size_t k) const { return state_[k] == kPinned; }
-  void join() {
-    stop_ = true;
-    for (std::thread& t : threads_) t.join();
-    threads_.clear();
-  }
-
- private:
-  enum State : unsigned char { kPending, kPinned, kFailed };
-
-  void work() {
-    const cudaError_t set = cudaSetDevice(device_);
-    for (std::size_t k = next_++; k < pieces_.size(); k = next_++) {
-      cudaError_t status = set;
-      if (status == cudaSuccess && !stop_) {
-        status = cudaHostRegister(pieces_[k].at, pieces_[k].bytes, cudaHostRegisterPortable);
-      } else if (status == cudaSuccess) {
-        status = cudaErrorCudartUnloading;  // given up: the caller stopped waiting
-      }
-      if (status != cudaSuccess) cudaGetLastError();
-      std::lock_guard<std::mutex> lock(mutex_);
-      state_[k] = status == cudaSuccess ? kPinned : kFailed;
-      if (status != cudaSuccess) errors_[k] = status;
-      done_.notify_all();
-    }
-  }
-
-  const int device_;
-  const std::vector<Piece> pieces_;
-  std::vector<State> state_;
-  std::map<std::size_t, cudaError_t> errors_;
-  std::atomic<std::size_t> next_{0};
-  std::atomic<bool> stop_{false};
-  std::mutex mutex_;
-  std::condition_variable done_;
-  std::vector<std::thread> threads_;
-};
-
 // Copies every range between the device and its host copy, in pieces alternating between two
 // streams of their own, and waits for them all; a piece of a range in `pinning` (copy index ->
 // its first piece there) is queued once that piece is pinned. The streams go whatever happens.
-void copy_all(const std::vector<HostCopy>& copies, bool to_host, Pinning* pinning = nullptr,
+void copy_all(const std::vector<HostCopy>& copies, bool to_host, PiecePinning* pinning = nullptr,
               const std::map<std::size_t, std::size_t>& first_piece = {}) {
   std::array<cudaStream_t, 2> streams{};
   for (cudaStream_t& stream : streams) check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -465,8 +398,9 @@ void copy_all(const std::vector<HostCopy>& copies, bool to_host, Pinning* pinnin
     const auto fresh = first_piece.find(i);
     for (std::size_t at = 0; at < c.bytes && status == cudaSuccess; at += kCopyPiece, ++piece) {
       if (pinning && fresh != first_piece.end() && at % kPinPiece == 0) {
-        status = pinning->wait_for(fresh->second + at / kPinPiece);
-        if (status != cudaSuccess) {
+        const int pinned = pinning->wait_for(fresh->second + at / kPinPiece);
+        if (pinned != 0) {
+          status = pinned == PiecePinning::kGivenUp ? cudaErrorUnknown : static_cast<cudaError_t>(pinned);
           failed = "pinning host memory for a paused region's backup (cudaHostRegister)";
           break;
         }
@@ -490,9 +424,13 @@ void copy_all(const std::vector<HostCopy>& copies, bool to_host, Pinning* pinnin
 
 void CudaBackend::back_up(int device, std::vector<HostCopy>& copies) {
   DeviceScope scope(device);
-  // New host memory where a range has none kept: mapped here, pinned by the Pinning's threads.
+  // New host memory where a range has none kept: mapped here, pinned by PiecePinning's threads.
   std::map<std::size_t, std::size_t> first_piece;  // copy index -> its first piece in `pieces`
-  std::vector<Pinning::Piece> pieces;
+  struct Piece {
+    char* at;
+    std::size_t bytes;
+  };
+  std::vector<Piece> pieces;
   const auto unmap_fresh = [&] {
     for (const auto& [i, first] : first_piece) {
       munmap(copies[i].host, copies[i].bytes);
@@ -516,11 +454,16 @@ void CudaBackend::back_up(int device, std::vector<HostCopy>& copies) {
       pieces.push_back({static_cast<char*>(host) + at, std::min(kPinPiece, c.bytes - at)});
     }
   }
-  Pinning pinning(device, pieces);
+  PiecePinning pinning(pieces.size(), pin_threads(), [&pieces, device](std::size_t k) {
+    cudaError_t status = cudaSetDevice(device);  // a thread of the pinning's own, or this one
+    if (status == cudaSuccess) status = cudaHostRegister(pieces[k].at, pieces[k].bytes, cudaHostRegisterPortable);
+    if (status != cudaSuccess) cudaGetLastError();
+    return static_cast<int>(status);
+  });
   try {
     copy_all(copies, true, &pinning, first_piece);
   } catch (...) {
-    pinning.join();
+    pinning.stop();
     for (const auto& [i, first] : first_piece) {
       for (std::size_t k = 0; k < pieces_of(copies[i].bytes); ++k) {
         if (pinning.pinned(first + k)) cudaHostUnregister(static_cast<char*>(copies[i].host) + k * kPinPiece);
