@@ -156,4 +156,57 @@ class Backend {
   }
 };
 
+
+// A backend that passes every call to another, for one that watches some of them (the torch
+// adapter's TracingBackend) to override only those. Every call of Backend is passed on here, so a
+// call added to Backend is added here too: one left out would reach Backend's default (which
+// refuses, or answers as a backend without the feature) instead of the real backend.
+class ForwardingBackend : public Backend {
+ public:
+  explicit ForwardingBackend(Backend& inner) : inner_(inner) {}
+
+  int device_count() const override { return inner_.device_count(); }
+  void* reserve(int device, std::size_t bytes) override { return inner_.reserve(device, bytes); }
+  void release(int device, void* ptr, std::size_t bytes) override { inner_.release(device, ptr, bytes); }
+  MemInfo mem_info(int device) override { return inner_.mem_info(device); }
+  std::size_t total_memory(int device) override { return inner_.total_memory(device); }
+  std::optional<std::size_t> process_used(int device) override { return inner_.process_used(device); }
+  std::vector<ProcessUse> processes_on(int device) override { return inner_.processes_on(device); }
+  EventId record_event(int device, StreamId stream) override { return inner_.record_event(device, stream); }
+  bool event_done(int device, EventId event) override { return inner_.event_done(device, event); }
+  void destroy_event(int device, EventId event) override { inner_.destroy_event(device, event); }
+  void synchronize(int device) override { inner_.synchronize(device); }
+  void synchronize_stream(int device, StreamId stream) override { inner_.synchronize_stream(device, stream); }
+
+  std::size_t page_size(int device) override { return inner_.page_size(device); }
+  void* reserve_address(int device, std::size_t bytes) override { return inner_.reserve_address(device, bytes); }
+  void release_address(int device, void* ptr, std::size_t bytes) override { inner_.release_address(device, ptr, bytes); }
+  bool map(int device, void* ptr, std::size_t bytes, std::size_t chunk) override { return inner_.map(device, ptr, bytes, chunk); }
+  void unmap(int device, void* ptr, std::size_t bytes) override { inner_.unmap(device, ptr, bytes); }
+  void grant_peer(int device, int peer) override { inner_.grant_peer(device, peer); }
+
+  void back_up(int device, std::vector<HostCopy>& copies) override { inner_.back_up(device, copies); }
+  void restore(int device, const std::vector<HostCopy>& copies) override { inner_.restore(device, copies); }
+  void drop_backup(int device, std::vector<HostCopy>& copies) noexcept override { inner_.drop_backup(device, copies); }
+
+  CaptureMarker capture_marker(int device, StreamId stream) override { return inner_.capture_marker(device, stream); }
+  bool capture_follows(int device, StreamId stream, CaptureMarker marker) override {
+    return inner_.capture_follows(device, stream, marker);
+  }
+
+  std::string export_segment(int device, void* base) override { return inner_.export_segment(device, base); }
+  void* open_segment(int device, const std::string& handle) override { return inner_.open_segment(device, handle); }
+  void close_segment(int device, void* ptr) override { inner_.close_segment(device, ptr); }
+  std::vector<int> export_chunks(int device, const std::vector<std::pair<std::uintptr_t, std::size_t>>& chunks) override {
+    return inner_.export_chunks(device, chunks);
+  }
+  void* open_chunks(int device, int pid, const std::vector<int>& fds, const std::vector<std::size_t>& bytes) override {
+    return inner_.open_chunks(device, pid, fds, bytes);
+  }
+  void close_chunks(int device, void* ptr, const std::vector<std::size_t>& bytes) override { inner_.close_chunks(device, ptr, bytes); }
+
+ protected:
+  Backend& inner_;
+};
+
 }  // namespace gpumem

@@ -158,3 +158,19 @@ TEST_CASE("under a limit on the whole process the adapter measures what is outsi
   REQUIRE(free == 256 * MiB - sim.reserved() - 64 * MiB);
   REQUIRE_THROWS_AS(sim.adapter.allocate(120 * MiB), c10::OutOfMemoryError);  // 100 + 120 + 64 > 256
 }
+
+TEST_CASE("the adapter's backend passes on what it does not record: the driver's list of processes reaches the core",
+          "[torch][backend]") {
+  SimAdapter sim(1 * GiB, 1, 2 * MiB);
+  sim.backend.set_processes(0, {{4242, 300 * MiB}, {7, 1 * MiB}});
+  sim.backend.set_process_accounting(true);
+  Backend& seen = sim.adapter.core().backend();  // the tracing backend over the simulated device
+  REQUIRE(&seen != static_cast<Backend*>(&sim.backend));
+  const std::vector<ProcessUse> listed = seen.processes_on(0);
+  REQUIRE(listed.size() == 2);
+  REQUIRE(listed[0].pid == 4242);
+  REQUIRE(listed[0].bytes == 300 * MiB);
+  REQUIRE(seen.process_used(0) == sim.backend.process_used(0));
+  REQUIRE(seen.total_memory(0) == 1 * GiB);
+  REQUIRE(seen.page_size(0) == 2 * MiB);
+}
