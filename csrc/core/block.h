@@ -164,9 +164,6 @@ struct Segment {
   bool is_unused() const { return !growable && head->is_free() && head->size == size; }
 };
 
-// Calls f(first, end, stop) for each mapped stretch of `segment`: its first block, the block after
-// it (nullptr at the segment's end) and the address it stops at. A plain segment is one stretch.
-// Unmapped blocks are whole chunks, so in a growable segment a stretch is whole chunks too.
 // Calls f(lo, hi) for each run of adjacent chunks of `chunk` bytes in `chunks` (a segment's chunks
 // or its paused ones), in address order.
 template <typename F>
@@ -179,6 +176,9 @@ void for_each_run(const std::set<std::uintptr_t>& chunks, std::size_t chunk, F f
   }
 }
 
+// Calls f(first, end, stop) for each mapped stretch of `segment`: its first block, the block after
+// it (nullptr at the segment's end) and the address it stops at. A plain segment is one stretch.
+// Unmapped blocks are whole chunks, so in a growable segment a stretch is whole chunks too.
 template <typename F>
 void for_each_stretch(const Segment& segment, F f) {
   for (const Block* b = segment.head; b;) {
