@@ -376,9 +376,9 @@ unsigned pin_threads() {
 
 std::size_t pieces_of(std::size_t bytes) { return (bytes + kPinPiece - 1) / kPinPiece; }
 
-// Unpins the first `pinned` pieces of `host` (of `bytes`) and unmaps it.
-void free_host(void* host, std::size_t bytes, std::size_t pinned) noexcept {
-  for (std::size_t k = 0; k < pinned; ++k) cudaHostUnregister(static_cast<char*>(host) + k * kPinPiece);
+// Unpins every piece of a backup's `host` (of `bytes`) and unmaps it.
+void free_host(void* host, std::size_t bytes) noexcept {
+  for (std::size_t k = 0; k < pieces_of(bytes); ++k) cudaHostUnregister(static_cast<char*>(host) + k * kPinPiece);
   cudaGetLastError();
   munmap(host, bytes);
 }
@@ -431,8 +431,13 @@ void CudaBackend::back_up(int device, std::vector<HostCopy>& copies) {
     std::size_t bytes;
   };
   std::vector<Piece> pieces;
-  const auto unmap_fresh = [&] {
+  // On a throw: what this call mapped goes, its pieces `pinning` pinned unpinned first.
+  const auto free_fresh = [&](const PiecePinning* pinning) {
     for (const auto& [i, first] : first_piece) {
+      for (std::size_t k = 0; pinning && k < pieces_of(copies[i].bytes); ++k) {
+        if (pinning->pinned(first + k)) cudaHostUnregister(static_cast<char*>(copies[i].host) + k * kPinPiece);
+      }
+      cudaGetLastError();
       munmap(copies[i].host, copies[i].bytes);
       copies[i].host = nullptr;
     }
@@ -443,7 +448,7 @@ void CudaBackend::back_up(int device, std::vector<HostCopy>& copies) {
     void* host = mmap(nullptr, c.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (host == MAP_FAILED) {
       const int error = errno;
-      unmap_fresh();
+      free_fresh(nullptr);
       throw std::runtime_error("gpumem: cannot back up a paused region: host memory for " + std::to_string(c.bytes) +
                                " bytes could not be mapped (" + std::strerror(error) + ")");
     }
@@ -464,13 +469,7 @@ void CudaBackend::back_up(int device, std::vector<HostCopy>& copies) {
     copy_all(copies, true, &pinning, first_piece);
   } catch (...) {
     pinning.stop();
-    for (const auto& [i, first] : first_piece) {
-      for (std::size_t k = 0; k < pieces_of(copies[i].bytes); ++k) {
-        if (pinning.pinned(first + k)) cudaHostUnregister(static_cast<char*>(copies[i].host) + k * kPinPiece);
-      }
-    }
-    cudaGetLastError();
-    unmap_fresh();
+    free_fresh(&pinning);
     throw;
   }
 }
@@ -482,7 +481,7 @@ void CudaBackend::restore(int device, const std::vector<HostCopy>& copies) {
 
 void CudaBackend::drop_backup(int /*device*/, std::vector<HostCopy>& copies) noexcept {
   for (HostCopy& c : copies) {
-    if (c.host) free_host(c.host, c.bytes, pieces_of(c.bytes));
+    if (c.host) free_host(c.host, c.bytes);
     c.host = nullptr;
   }
 }

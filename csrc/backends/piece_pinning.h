@@ -19,15 +19,16 @@ namespace gpumem {
 
 class PiecePinning {
  public:
-  // Pins piece k: 0 where it did, else the reason (an error code of the caller's). It must not
-  // throw; a throw counts as kGivenUp.
+  // Pins piece k: 0 where it did, else the reason (a positive error code of the caller's). It
+  // must not throw; a throw counts as kGivenUp.
   using Pin = std::function<int(std::size_t piece)>;
   static constexpr int kGivenUp = -1;  // not pinned: stop() came first, or the pin threw
+  static constexpr int kPending = -2;  // not yet claimed, or being pinned
 
   // Starts up to `threads` threads (no more than there are pieces) that pin the pieces in order.
   // Where none can start, wait_for pins the pieces itself, in order.
   PiecePinning(std::size_t pieces, unsigned threads, Pin pin)
-      : pin_(std::move(pin)), status_(pieces, 0), done_(pieces, false) {
+      : pin_(std::move(pin)), status_(pieces, kPending) {
     const std::size_t wanted = std::min<std::size_t>(threads, pieces);
     try {
       for (std::size_t t = 0; t < wanted; ++t) threads_.emplace_back([this] { while (run_one()) {} });
@@ -45,7 +46,7 @@ class PiecePinning {
       while (!done(k) && run_one()) {}
     }
     std::unique_lock<std::mutex> lock(mutex_);
-    finished_.wait(lock, [&] { return static_cast<bool>(done_[k]); });
+    finished_.wait(lock, [&] { return status_[k] != kPending; });
     return status_[k];
   }
 
@@ -55,11 +56,8 @@ class PiecePinning {
     for (std::thread& t : threads_) t.join();
     threads_.clear();
     std::lock_guard<std::mutex> lock(mutex_);
-    for (std::size_t k = 0; k < done_.size(); ++k) {
-      if (!done_[k]) {
-        status_[k] = kGivenUp;
-        done_[k] = true;
-      }
+    for (int& status : status_) {
+      if (status == kPending) status = kGivenUp;
     }
     finished_.notify_all();
   }
@@ -67,19 +65,19 @@ class PiecePinning {
   // After stop(): whether piece k was pinned (the caller unpins it).
   bool pinned(std::size_t k) const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return done_[k] && status_[k] == 0;
+    return status_[k] == 0;
   }
 
  private:
   bool done(std::size_t k) const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return done_[k];
+    return status_[k] != kPending;
   }
 
   // Claims the next piece and pins it; false when none is left.
   bool run_one() {
     const std::size_t k = next_.fetch_add(1);
-    if (k >= done_.size()) return false;
+    if (k >= status_.size()) return false;
     int status = kGivenUp;
     if (!stop_) {
       try {
@@ -90,14 +88,12 @@ class PiecePinning {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     status_[k] = status;
-    done_[k] = true;
     finished_.notify_all();
     return true;
   }
 
   const Pin pin_;
-  std::vector<int> status_;
-  std::vector<char> done_;  // guarded by mutex_, as status_
+  std::vector<int> status_;  // per piece: 0, the pin's error, kGivenUp or kPending; guarded by mutex_
   std::atomic<std::size_t> next_{0};
   std::atomic<bool> stop_{false};
   mutable std::mutex mutex_;
