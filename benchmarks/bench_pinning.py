@@ -9,6 +9,8 @@ line each, GiB/s over GIB:
   - host_alloc: cudaHostAlloc of the whole, in one call and in THREADS threads of a piece each;
   - register: ordinary memory (mmap), its pages first touched by THREADS threads (with and without
     transparent huge pages asked for), then cudaHostRegister, in one call and in THREADS threads;
+  - staging: the CPU's copies, in THREADS threads, from pinned memory into fresh ordinary memory
+    (huge pages asked) and back, the second half of a backup through a pinned staging buffer;
   - copies: device to host into pinned memory, into touched ordinary memory, into untouched
     ordinary memory.
 Needs a CUDA GPU; calls the CUDA runtime torch loaded (ctypes), so no build is needed.
@@ -57,6 +59,7 @@ def main() -> None:
     cuda = runtime()
     libc = ctypes.CDLL(None)
     libc.memset.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
+    libc.memcpy.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
     libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
@@ -80,7 +83,15 @@ def main() -> None:
     one = rate(time.perf_counter() - start)
     pinned_copy = copy_rate(ptr.value)
     pinned_again = copy_rate(ptr.value)
+    # Staging: the CPU copies between that pinned memory and fresh ordinary memory, in threads.
+    fresh = ordinary()
+    libc.madvise(fresh, size, MADV_HUGEPAGE)
+    to_fresh = in_threads(threads, lambda i: libc.memcpy(fresh + i * piece, ptr.value + i * piece, piece))
+    from_ordinary = in_threads(threads, lambda i: libc.memcpy(ptr.value + i * piece, fresh + i * piece, piece))
+    libc.munmap(fresh, size)
     checked(cuda.cudaFreeHost(ptr), "cudaFreeHost")
+    print(json.dumps({"case": "staging", "pinned_to_fresh_in_threads": rate(to_fresh),
+                      "ordinary_to_pinned_in_threads": rate(from_ordinary)}), flush=True)
     pieces = [ctypes.c_void_p() for _ in range(threads)]
     seconds = in_threads(threads, lambda i: checked(
         cuda.cudaHostAlloc(ctypes.byref(pieces[i]), ctypes.c_size_t(piece), 0), "cudaHostAlloc"))
