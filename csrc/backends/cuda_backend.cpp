@@ -376,9 +376,12 @@ unsigned pin_threads() {
 
 std::size_t pieces_of(std::size_t bytes) { return (bytes + kPinPiece - 1) / kPinPiece; }
 
-// Unpins every piece of a backup's `host` (of `bytes`) and unmaps it.
-void free_host(void* host, std::size_t bytes) noexcept {
-  for (std::size_t k = 0; k < pieces_of(bytes); ++k) cudaHostUnregister(static_cast<char*>(host) + k * kPinPiece);
+// Unpins the pieces k of a backup's `host` (of `bytes`) where pinned(k), and unmaps it.
+template <typename Pinned>
+void free_host(void* host, std::size_t bytes, Pinned pinned) noexcept {
+  for (std::size_t k = 0; k < pieces_of(bytes); ++k) {
+    if (pinned(k)) cudaHostUnregister(static_cast<char*>(host) + k * kPinPiece);
+  }
   cudaGetLastError();
   munmap(host, bytes);
 }
@@ -434,11 +437,8 @@ void CudaBackend::back_up(int device, std::vector<HostCopy>& copies) {
   // On a throw: what this call mapped goes, its pieces `pinning` pinned unpinned first.
   const auto free_fresh = [&](const PiecePinning* pinning) {
     for (const auto& [i, first] : first_piece) {
-      for (std::size_t k = 0; pinning && k < pieces_of(copies[i].bytes); ++k) {
-        if (pinning->pinned(first + k)) cudaHostUnregister(static_cast<char*>(copies[i].host) + k * kPinPiece);
-      }
-      cudaGetLastError();
-      munmap(copies[i].host, copies[i].bytes);
+      const std::size_t at = first;  // its first piece in `pieces`, as `pinning` counts them
+      free_host(copies[i].host, copies[i].bytes, [&](std::size_t k) { return pinning && pinning->pinned(at + k); });
       copies[i].host = nullptr;
     }
   };
@@ -481,7 +481,7 @@ void CudaBackend::restore(int device, const std::vector<HostCopy>& copies) {
 
 void CudaBackend::drop_backup(int /*device*/, std::vector<HostCopy>& copies) noexcept {
   for (HostCopy& c : copies) {
-    if (c.host) free_host(c.host, c.bytes);
+    if (c.host) free_host(c.host, c.bytes, [](std::size_t) { return true; });
     c.host = nullptr;
   }
 }

@@ -156,7 +156,6 @@ class Backend {
   }
 };
 
-
 // A backend that passes every call to another, for one that watches some of them (the torch
 // adapter's TracingBackend) to override only those. Every call of Backend is passed on here, so a
 // call added to Backend is added here too: one left out would reach Backend's default (which
