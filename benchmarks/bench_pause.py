@@ -13,6 +13,8 @@ it is paused and resumed three times. Printed, one JSON line each:
     the driver lists it, else the device's) before and after the pause, and the share of reserved
     memory less the CUDA context that went back; whether every tensor's contents and the graph's
     replay came back the same;
+  - prepared: the backup dropped, its host memory pinned again by prepare_backups (seconds and
+    GiB/s), then one more cycle as above: a first pause whose host memory was pinned ahead;
   - no_backup: the same region made without a backup, pause and resume in ms per 10 GiB.
 Needs a CUDA GPU with virtual memory management.
 """
@@ -99,7 +101,8 @@ def main() -> None:
     graph.replay()
     expected = out.item()
     backed = sum(t.numel() * t.element_size() for t in tensors)
-    for cycle in range(3):
+
+    def cycle(case: str, number: int, extra: dict) -> None:
         torch.cuda.synchronize()
         reserved = torch.cuda.memory_reserved()
         source, used_before = nvml_used()
@@ -114,7 +117,7 @@ def main() -> None:
         same = (all(torch.equal(t[-(1 << 20):].cpu(), k) for t, k in zip(tensors, keep))
                 and digest(torch, tensors) == sums and out.item() == expected)
         print(json.dumps({
-            "case": "backup", "cycle": cycle, "gib": round(backed / GiB, 2), "paused_gib": round(paused / GiB, 2),
+            "case": case, "cycle": number, **extra, "gib": round(backed / GiB, 2), "paused_gib": round(paused / GiB, 2),
             "pause_s": round(pause_s, 3), "resume_s": round(resume_s, 3),
             "pause_gib_per_s": round(backed / GiB / pause_s, 2), "resume_gib_per_s": round(backed / GiB / resume_s, 2),
             "pause_share_of_pinned": round(backed / GiB / pause_s / pinned["to_host"], 3),
@@ -124,12 +127,22 @@ def main() -> None:
             "dropped_share_of_reserved": round((used_before - used_paused) / reserved, 4),
             "same": same,
         }), flush=True)
+
+    for number in range(3):
+        cycle("backup", number, {})
+    # The first pause again, its host memory pinned ahead by prepare_backups.
+    gpumem.drop_backups("engine")
+    start = time.perf_counter()
+    prepared = gpumem.prepare_backups("engine")
+    prepare_s = time.perf_counter() - start
+    cycle("prepared", 0, {"prepared_gib": round(prepared / GiB, 2), "prepare_s": round(prepare_s, 3),
+                          "prepare_gib_per_s": round(prepared / GiB / prepare_s, 2)})
     del tensors, keep, out, graph
     torch.cuda.empty_cache()
 
     tensors = build(torch, gpumem, "cache", gib, backup=False)
     size = sum(t.numel() * t.element_size() for t in tensors)
-    for cycle in range(3):
+    for number in range(3):
         torch.cuda.synchronize()
         start = time.perf_counter()
         paused = gpumem.pause("cache")
@@ -138,7 +151,7 @@ def main() -> None:
         gpumem.resume("cache")
         resume_s = time.perf_counter() - start
         per10 = 10 * GiB / paused
-        print(json.dumps({"case": "no_backup", "cycle": cycle, "gib": round(size / GiB, 2),
+        print(json.dumps({"case": "no_backup", "cycle": number, "gib": round(size / GiB, 2),
                           "pause_ms_per_10gib": round(pause_s * 1e3 * per10, 1),
                           "resume_ms_per_10gib": round(resume_s * 1e3 * per10, 1)}), flush=True)
 

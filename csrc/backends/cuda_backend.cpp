@@ -12,6 +12,7 @@
 #include <array>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -361,7 +362,8 @@ void CudaBackend::synchronize_stream(int device, StreamId stream) {
 // kPinPiece: pinning new memory runs far below the copies (the kernel faults, zeroes and locks each
 // page), so several threads pin pieces while the copies of the pieces pinned already run. Copies go
 // in pieces of kCopyPiece, alternating between two streams of their own; each lies inside one
-// pinned piece. drop_backup unpins the pieces and unmaps the memory.
+// pinned piece, also where a range is copied at an offset inside a larger backup. allocate_backup
+// pins without copying; drop_backup unpins the pieces and unmaps the memory.
 
 namespace {
 
@@ -386,11 +388,75 @@ void free_host(void* host, std::size_t bytes, Pinned pinned) noexcept {
   munmap(host, bytes);
 }
 
+// New host memory for the ranges that have none, mapped at once and pinned in pieces by a
+// PiecePinning's threads. free() gives back what it mapped and stops the pinning.
+class FreshHost {
+ public:
+  FreshHost(int device, std::vector<HostCopy>& copies) : copies_(copies) {
+    for (std::size_t i = 0; i < copies.size(); ++i) {
+      HostCopy& c = copies[i];
+      if (c.host) continue;  // held already
+      void* host = mmap(nullptr, c.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (host == MAP_FAILED) {
+        const int error = errno;
+        free();
+        throw std::runtime_error("gpumem: cannot back up a paused region: host memory for " + std::to_string(c.bytes) +
+                                 " bytes could not be mapped (" + std::strerror(error) + ")");
+      }
+      madvise(host, c.bytes, MADV_HUGEPAGE);  // fewer pages to fault and pin where the kernel has huge pages
+      c.host = host;
+      c.offset = 0;
+      first_piece_.emplace(i, pieces_.size());
+      for (std::size_t at = 0; at < c.bytes; at += kPinPiece) {
+        pieces_.push_back({static_cast<char*>(host) + at, std::min(kPinPiece, c.bytes - at)});
+      }
+    }
+    pinning_.emplace(pieces_.size(), pin_threads(), [this, device](std::size_t k) {
+      cudaError_t status = cudaSetDevice(device);  // a thread of the pinning's own, or this one
+      if (status == cudaSuccess) status = cudaHostRegister(pieces_[k].at, pieces_[k].bytes, cudaHostRegisterPortable);
+      if (status != cudaSuccess) cudaGetLastError();
+      return static_cast<int>(status);
+    });
+  }
+  FreshHost(const FreshHost&) = delete;
+  FreshHost& operator=(const FreshHost&) = delete;
+
+  PiecePinning& pinning() { return *pinning_; }
+  const std::map<std::size_t, std::size_t>& first_piece() const { return first_piece_; }
+  std::size_t pieces() const { return pieces_.size(); }
+
+  // Stops the pinning, unpins what it pinned and unmaps what was mapped here (those `host` null again).
+  void free() noexcept {
+    if (pinning_) pinning_->stop();
+    for (const auto& [i, first] : first_piece_) {
+      const std::size_t at = first;  // its first piece, as the pinning counts them
+      free_host(copies_[i].host, copies_[i].bytes, [&](std::size_t k) { return pinning_ && pinning_->pinned(at + k); });
+      copies_[i].host = nullptr;
+    }
+    first_piece_.clear();
+  }
+
+ private:
+  struct Piece {
+    char* at;
+    std::size_t bytes;
+  };
+  std::vector<HostCopy>& copies_;
+  std::map<std::size_t, std::size_t> first_piece_;  // copy index -> its first piece in pieces_
+  std::vector<Piece> pieces_;
+  std::optional<PiecePinning> pinning_;  // last: its threads stop before pieces_ goes
+};
+
+constexpr const char* kPinFailed = "pinning host memory for a paused region's backup (cudaHostRegister)";
+
+cudaError_t pin_error(int pinned) {
+  return pinned == PiecePinning::kGivenUp ? cudaErrorUnknown : static_cast<cudaError_t>(pinned);
+}
+
 // Copies every range between the device and its host copy, in pieces alternating between two
-// streams of their own, and waits for them all; a piece of a range in `pinning` (copy index ->
-// its first piece there) is queued once that piece is pinned. The streams go whatever happens.
-void copy_all(const std::vector<HostCopy>& copies, bool to_host, PiecePinning* pinning = nullptr,
-              const std::map<std::size_t, std::size_t>& first_piece = {}) {
+// streams of their own, and waits for them all; a piece of a range `fresh` mapped is queued once
+// its pinned piece is pinned. The streams go whatever happens.
+void copy_all(const std::vector<HostCopy>& copies, bool to_host, FreshHost* fresh = nullptr) {
   std::array<cudaStream_t, 2> streams{};
   for (cudaStream_t& stream : streams) check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   cudaError_t status = cudaSuccess;
@@ -398,21 +464,24 @@ void copy_all(const std::vector<HostCopy>& copies, bool to_host, PiecePinning* p
   std::size_t piece = 0;
   for (std::size_t i = 0; i < copies.size() && status == cudaSuccess; ++i) {
     const HostCopy& c = copies[i];
-    const auto fresh = first_piece.find(i);
-    for (std::size_t at = 0; at < c.bytes && status == cudaSuccess; at += kCopyPiece, ++piece) {
-      if (pinning && fresh != first_piece.end() && at % kPinPiece == 0) {
-        const int pinned = pinning->wait_for(fresh->second + at / kPinPiece);
+    const auto first = fresh ? fresh->first_piece().find(i) : std::map<std::size_t, std::size_t>::const_iterator{};
+    const bool pinning = fresh && first != fresh->first_piece().end();
+    for (std::size_t at = 0; at < c.bytes && status == cudaSuccess; ++piece) {
+      const std::size_t in_host = c.offset + at;
+      if (pinning && in_host % kPinPiece == 0) {
+        const int pinned = fresh->pinning().wait_for(first->second + in_host / kPinPiece);
         if (pinned != 0) {
-          status = pinned == PiecePinning::kGivenUp ? cudaErrorUnknown : static_cast<cudaError_t>(pinned);
-          failed = "pinning host memory for a paused region's backup (cudaHostRegister)";
+          status = pin_error(pinned);
+          failed = kPinFailed;
           break;
         }
       }
-      const std::size_t n = std::min(kCopyPiece, c.bytes - at);
+      const std::size_t n = std::min(kCopyPiece - in_host % kCopyPiece, c.bytes - at);
       void* device_ptr = reinterpret_cast<void*>(c.device_addr + at);
-      void* host_ptr = static_cast<char*>(c.host) + at;
+      void* host_ptr = static_cast<char*>(c.host) + in_host;
       status = to_host ? cudaMemcpyAsync(host_ptr, device_ptr, n, cudaMemcpyDeviceToHost, streams[piece % 2])
                        : cudaMemcpyAsync(device_ptr, host_ptr, n, cudaMemcpyHostToDevice, streams[piece % 2]);
+      at += n;
     }
   }
   for (cudaStream_t stream : streams) {
@@ -427,50 +496,24 @@ void copy_all(const std::vector<HostCopy>& copies, bool to_host, PiecePinning* p
 
 void CudaBackend::back_up(int device, std::vector<HostCopy>& copies) {
   DeviceScope scope(device);
-  // New host memory where a range has none kept: mapped here, pinned by PiecePinning's threads.
-  std::map<std::size_t, std::size_t> first_piece;  // copy index -> its first piece in `pieces`
-  struct Piece {
-    char* at;
-    std::size_t bytes;
-  };
-  std::vector<Piece> pieces;
-  // On a throw: what this call mapped goes, its pieces `pinning` pinned unpinned first.
-  const auto free_fresh = [&](const PiecePinning* pinning) {
-    for (const auto& [i, first] : first_piece) {
-      const std::size_t at = first;  // its first piece in `pieces`, as `pinning` counts them
-      free_host(copies[i].host, copies[i].bytes, [&](std::size_t k) { return pinning && pinning->pinned(at + k); });
-      copies[i].host = nullptr;
-    }
-  };
-  for (std::size_t i = 0; i < copies.size(); ++i) {
-    HostCopy& c = copies[i];
-    if (c.host) continue;  // kept from an earlier pause
-    void* host = mmap(nullptr, c.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (host == MAP_FAILED) {
-      const int error = errno;
-      free_fresh(nullptr);
-      throw std::runtime_error("gpumem: cannot back up a paused region: host memory for " + std::to_string(c.bytes) +
-                               " bytes could not be mapped (" + std::strerror(error) + ")");
-    }
-    madvise(host, c.bytes, MADV_HUGEPAGE);  // fewer pages to fault and pin where the kernel has huge pages
-    c.host = host;
-    first_piece.emplace(i, pieces.size());
-    for (std::size_t at = 0; at < c.bytes; at += kPinPiece) {
-      pieces.push_back({static_cast<char*>(host) + at, std::min(kPinPiece, c.bytes - at)});
-    }
-  }
-  PiecePinning pinning(pieces.size(), pin_threads(), [&pieces, device](std::size_t k) {
-    cudaError_t status = cudaSetDevice(device);  // a thread of the pinning's own, or this one
-    if (status == cudaSuccess) status = cudaHostRegister(pieces[k].at, pieces[k].bytes, cudaHostRegisterPortable);
-    if (status != cudaSuccess) cudaGetLastError();
-    return static_cast<int>(status);
-  });
+  FreshHost fresh(device, copies);
   try {
-    copy_all(copies, true, &pinning, first_piece);
+    copy_all(copies, true, &fresh);
   } catch (...) {
-    pinning.stop();
-    free_fresh(&pinning);
+    fresh.free();
     throw;
+  }
+}
+
+void CudaBackend::allocate_backup(int device, std::vector<HostCopy>& copies) {
+  DeviceScope scope(device);
+  FreshHost fresh(device, copies);
+  for (std::size_t k = 0; k < fresh.pieces(); ++k) {
+    const int pinned = fresh.pinning().wait_for(k);
+    if (pinned != 0) {
+      fresh.free();
+      check(pin_error(pinned), kPinFailed);
+    }
   }
 }
 

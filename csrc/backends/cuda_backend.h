@@ -46,6 +46,7 @@ class CudaBackend : public Backend {
   // by several threads while the copies of the pieces pinned already run, queued in pieces on two
   // streams of their own and waited for (cuda_backend.cpp, "Backups of paused regions").
   void back_up(int device, std::vector<HostCopy>& copies) override;
+  void allocate_backup(int device, std::vector<HostCopy>& copies) override;
   void restore(int device, const std::vector<HostCopy>& copies) override;
   void drop_backup(int device, std::vector<HostCopy>& copies) noexcept override;
 

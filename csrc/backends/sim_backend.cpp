@@ -433,7 +433,25 @@ void SimBackend::unmap(int device, void* ptr, std::size_t bytes) {
 
 namespace {
 
-using SimCopy = std::vector<std::pair<std::uintptr_t, std::uint64_t>>;
+// A backup's host memory, simulated: the device range it was allocated for and the values copied
+// into it, by device address.
+struct SimCopy {
+  std::uintptr_t lo = 0;
+  std::size_t bytes = 0;
+  std::map<std::uintptr_t, std::uint64_t> values;
+};
+
+// Whether `c` lies at its offset in the host memory it names, as the core must place it.
+bool placed(const HostCopy& c) {
+  const auto* host = static_cast<const SimCopy*>(c.host);
+  return c.device_addr == host->lo + c.offset && c.offset + c.bytes <= host->bytes;
+}
+
+void allocate(HostCopy& c, std::size_t& held) {
+  c.host = new SimCopy{c.device_addr, c.bytes, {}};
+  c.offset = 0;
+  held += c.bytes;
+}
 
 }  // namespace
 
@@ -444,15 +462,22 @@ void SimBackend::back_up(int device, std::vector<HostCopy>& copies) {
     for (std::uintptr_t a = c.device_addr; a < c.device_addr + c.bytes; a += page_) {
       if (!is_mapped_locked(d, a)) misuse("back_up", device, c.device_addr, c.bytes, "covers pages that are not mapped");
     }
+    if (c.host && !placed(c)) misuse("back_up", device, c.device_addr, c.bytes, "lies outside the host memory it names");
   }
   for (HostCopy& c : copies) {
-    SimCopy values(d.contents.lower_bound(c.device_addr), d.contents.lower_bound(c.device_addr + c.bytes));
-    if (!c.host) {
-      c.host = new SimCopy;
-      d.ledger.host_held += c.bytes;
-    }
-    static_cast<SimCopy*>(c.host)->swap(values);
+    if (!c.host) allocate(c, d.ledger.host_held);
+    auto& values = static_cast<SimCopy*>(c.host)->values;
+    values.erase(values.lower_bound(c.device_addr), values.lower_bound(c.device_addr + c.bytes));
+    values.insert(d.contents.lower_bound(c.device_addr), d.contents.lower_bound(c.device_addr + c.bytes));
     d.ledger.backed_up += c.bytes;
+  }
+}
+
+void SimBackend::allocate_backup(int device, std::vector<HostCopy>& copies) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Device& d = device_locked(device);
+  for (HostCopy& c : copies) {
+    if (!c.host) allocate(c, d.ledger.host_held);
   }
 }
 
@@ -461,12 +486,16 @@ void SimBackend::restore(int device, const std::vector<HostCopy>& copies) {
   Device& d = device_locked(device);
   for (const HostCopy& c : copies) {
     if (!c.host) misuse("restore", device, c.device_addr, c.bytes, "names no backup");
+    if (!placed(c)) misuse("restore", device, c.device_addr, c.bytes, "lies outside the host memory it names");
     for (std::uintptr_t a = c.device_addr; a < c.device_addr + c.bytes; a += page_) {
       if (!is_mapped_locked(d, a)) misuse("restore", device, c.device_addr, c.bytes, "covers pages that are not mapped");
     }
   }
   for (const HostCopy& c : copies) {
-    for (const auto& [addr, value] : *static_cast<const SimCopy*>(c.host)) d.contents[addr] = value;
+    const auto& values = static_cast<const SimCopy*>(c.host)->values;
+    for (auto it = values.lower_bound(c.device_addr); it != values.lower_bound(c.device_addr + c.bytes); ++it) {
+      d.contents[it->first] = it->second;
+    }
     d.ledger.restored += c.bytes;
   }
 }

@@ -80,6 +80,7 @@ class SimBackend : public Backend {
   // Backups of a paused region: each copy holds the values written (write()) in its range; every
   // page of a range must be mapped (else a logic_error), and restore writes them back.
   void back_up(int device, std::vector<HostCopy>& copies) override;
+  void allocate_backup(int device, std::vector<HostCopy>& copies) override;
   void restore(int device, const std::vector<HostCopy>& copies) override;
   void drop_backup(int device, std::vector<HostCopy>& copies) noexcept override;
   // Device memory's contents, simulated: a value at an address of a mapped page, lost when the

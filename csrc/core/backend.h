@@ -34,11 +34,14 @@ struct MemInfo {
   std::size_t total = 0;
 };
 
-// A range of device memory and its copy in host memory (Backend::back_up).
+// A range of device memory and its copy in host memory (Backend::back_up): at `offset` in the host
+// memory `host`, which a backup of a larger range may hold (a range paused inside memory a region
+// prepared or kept whole; 0 where the copy is the whole of it).
 struct HostCopy {
   std::uintptr_t device_addr = 0;
   std::size_t bytes = 0;
   void* host = nullptr;
+  std::size_t offset = 0;
 };
 
 class Backend {
@@ -101,13 +104,17 @@ class Backend {
 
   // ---- Backups of a paused region (core/pause.cpp) ----
   // Copies each range [device_addr, device_addr + bytes) to host memory the device copies to at
-  // full speed (pinned): `host`, which it allocates where null (a copy kept from an earlier pause
-  // of the same range is reused); all done when it returns. On a throw it has freed what it
-  // allocated in this call (those `host` null again).
+  // full speed (pinned): `host` at `offset`, which it allocates where null (whole: offset 0; host
+  // memory kept or prepared earlier is reused); all done when it returns. On a throw it has freed
+  // what it allocated in this call (those `host` null again).
   virtual void back_up(int /*device*/, std::vector<HostCopy>& /*copies*/) { throw no_backup(); }
+  // Allocates that host memory for each range whose `host` is null, as back_up would, and copies
+  // nothing: a later back_up into it copies at full speed. On a throw it has freed what it
+  // allocated in this call.
+  virtual void allocate_backup(int /*device*/, std::vector<HostCopy>& /*copies*/) { throw no_backup(); }
   // Copies each back to its range (mapped again at the same address); all done when it returns.
   virtual void restore(int /*device*/, const std::vector<HostCopy>& /*copies*/) { throw no_backup(); }
-  // Frees the host memory back_up allocated (each `host` null again).
+  // Frees the host memory back_up or allocate_backup allocated (each whole range's `host` null again).
   virtual void drop_backup(int /*device*/, std::vector<HostCopy>& /*copies*/) noexcept {}
 
   // ---- Stream capture, for reusing a block freed during a capture (core/capture_reuse.cpp) ----
@@ -185,6 +192,7 @@ class ForwardingBackend : public Backend {
   void grant_peer(int device, int peer) override { inner_.grant_peer(device, peer); }
 
   void back_up(int device, std::vector<HostCopy>& copies) override { inner_.back_up(device, copies); }
+  void allocate_backup(int device, std::vector<HostCopy>& copies) override { inner_.allocate_backup(device, copies); }
   void restore(int device, const std::vector<HostCopy>& copies) override { inner_.restore(device, copies); }
   void drop_backup(int device, std::vector<HostCopy>& copies) noexcept override { inner_.drop_backup(device, copies); }
 

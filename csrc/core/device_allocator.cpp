@@ -251,6 +251,18 @@ std::size_t DeviceAllocator::drop_backup(PoolId id) {
   return core_.drop_backup(id);
 }
 
+std::size_t DeviceAllocator::prepare_backup(PoolId id) {
+  std::vector<HostCopy> wanted;
+  {
+    const WholeDevice whole(core_);
+    wanted = core_.backup_wanted(id);
+  }
+  if (wanted.empty()) return 0;
+  core_.allocate_backup(wanted);  // throws having freed what it allocated
+  const WholeDevice whole(core_);
+  return core_.keep_backup(id, wanted);
+}
+
 std::size_t DeviceAllocator::paused_bytes() const {
   const WholeDevice whole(core_);
   return core_.paused_bytes();

@@ -151,6 +151,9 @@ class DeviceAllocator {
   std::size_t pause(PoolId id, bool backup);
   std::size_t resume(PoolId id);
   std::size_t drop_backup(PoolId id);
+  // Pins host memory for the region's next pause now (DeviceCore::backup_wanted); the bytes pinned.
+  // The pinning runs with no lock held: the device's requests go on meanwhile.
+  std::size_t prepare_backup(PoolId id);
   // The bytes paused regions gave back, and their live blocks' bytes.
   std::size_t paused_bytes() const;
   std::size_t paused_allocated() const;

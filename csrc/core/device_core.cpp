@@ -86,7 +86,7 @@ DeviceCore::~DeviceCore() {
   // throw (it would end the process): a backend call that fails now leaves that memory to the
   // driver, which frees it with the process. The events and uncached memory go with their owners.
   for (const auto& [addr, segment] : d_.segments) sources_.of(*segment).drop(*segment);
-  for (auto& [id, copies] : backups_) d_.backend.drop_backup(d_.device, copies);
+  for (auto& [id, backup] : backups_) d_.backend.drop_backup(d_.device, backup.held);
 }
 
 // ---- malloc: the fallback chain ----

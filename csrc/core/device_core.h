@@ -148,6 +148,15 @@ class DeviceCore {
   // Frees the host copy a resumed region kept for its next pause; returns its bytes (0 if it has
   // none, or is paused: its backup is what resume copies back).
   std::size_t drop_backup(PoolId id);
+  // Preparing a region's backup ahead of its pause, in three steps so that the slow middle one
+  // (pinning host memory) runs with no lock held: the region's mapped runs of chunks that no host
+  // memory it holds covers (none while paused), its held memory that covers none of them freed;
+  // their host memory allocated; and that memory kept for the region, each range where no held
+  // range overlaps it (a pause meanwhile may have made its own), the rest freed. keep_backup
+  // returns the bytes kept.
+  std::vector<HostCopy> backup_wanted(PoolId id);
+  void allocate_backup(std::vector<HostCopy>& copies) { d_.backend.allocate_backup(d_.device, copies); }  // with no lock held
+  std::size_t keep_backup(PoolId id, std::vector<HostCopy>& copies);
   // The bytes paused regions gave back (their chunks), and their live blocks' bytes.
   std::size_t paused_bytes() const { return paused_bytes_; }
   std::size_t paused_allocated() const { return paused_allocated_; }
@@ -270,14 +279,21 @@ class DeviceCore {
   ShareHooks* share_ = nullptr;  // the GPU's sharing (core/share_hooks.h), where this process shares it
   std::atomic<int> asks_in_flight_{0};  // asks running with no lock held (set_share waits for them)
   int asks_process_ = 0;                // the process they run in (under the whole device)
-  // Paused regions (core/pause.cpp): their backups (kept after a resume for the next pause), the
-  // bytes they unmapped, and their live blocks' bytes, which allocated() leaves out (they hold no
-  // memory while paused).
-  std::map<PoolId, std::vector<HostCopy>> backups_;
+  // Paused regions (core/pause.cpp): their backups, the bytes they unmapped, and their live blocks'
+  // bytes, which allocated() leaves out (they hold no memory while paused).
+  // A region's backup: the host memory it holds (whole ranges, offset 0, disjoint, by address),
+  // made by a pause or a prepare and kept after a resume for the next pause; and while it is
+  // paused, the runs of chunks that pause copied, each inside one held range.
+  struct Backup {
+    std::vector<HostCopy> held;
+    std::vector<HostCopy> copied;
+  };
+  std::map<PoolId, Backup> backups_;
   std::size_t paused_bytes_ = 0;
   std::size_t paused_allocated_ = 0;
   Pool& region_of(PoolId id) const;
-  void reuse_backup(PoolId id, std::vector<HostCopy>& copies);
+  std::vector<HostCopy> mapped_runs(const Pool& pool) const;
+  void cover(PoolId id, std::vector<HostCopy>& runs);
   std::size_t live_bytes_of(const Pool& pool) const;
 };
 

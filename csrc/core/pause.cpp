@@ -27,8 +27,10 @@
 // copied back, and kept: pinning host memory locks and maps every page of it, work a copy into
 // memory pinned already does not do, so the next pause of the same chunks (an RL loop's every
 // round) reuses it (benchmarks/bench_pause.py times the first pause and the later ones);
-// a pause of other chunks, drop_backup or the allocator's end frees it. Blocks freed while paused
-// come back as cached memory, which the next release gives back.
+// prepare_backup pins that memory ahead, for every mapped chunk of the region, with no lock held
+// while it pins; a pause copies each run into held memory that covers it whole, and frees held
+// memory no run lies in; drop_backup or the allocator's end frees the rest. Blocks freed while
+// paused come back as cached memory, which the next release gives back.
 #include <algorithm>
 #include <optional>
 #include <stdexcept>
@@ -52,18 +54,53 @@ void DeviceCore::create_region(PoolId id) {
   pool.make_region();
 }
 
-// The host copies a resumed region kept, for a pause of the same runs of chunks (reused as they
-// are); where the runs differ, they go.
-void DeviceCore::reuse_backup(PoolId id, std::vector<HostCopy>& copies) {
-  const auto kept = backups_.find(id);
-  if (kept == backups_.end()) return;
-  const auto same = [](const HostCopy& a, const HostCopy& b) { return a.device_addr == b.device_addr && a.bytes == b.bytes; };
-  if (std::equal(copies.begin(), copies.end(), kept->second.begin(), kept->second.end(), same)) {
-    copies = kept->second;
-    return;
+namespace {
+
+// Where `c` goes among `held` (disjoint ranges, by address).
+std::vector<HostCopy>::iterator place_of(std::vector<HostCopy>& held, const HostCopy& c) {
+  return std::upper_bound(held.begin(), held.end(), c.device_addr,
+                          [](std::uintptr_t addr, const HostCopy& h) { return addr < h.device_addr; });
+}
+
+bool overlaps(const HostCopy& a, const HostCopy& b) {
+  return a.device_addr < b.device_addr + b.bytes && b.device_addr < a.device_addr + a.bytes;
+}
+
+}  // namespace
+
+// The runs of adjacent mapped chunks of the region's segments, each a copy with no host memory yet.
+std::vector<HostCopy> DeviceCore::mapped_runs(const Pool& pool) const {
+  std::vector<HostCopy> runs;
+  for (const auto& [addr, segment] : d_.segments) {
+    if (segment->pool != &pool) continue;
+    for_each_run(segment->chunks, segment->chunk,
+                 [&](std::uintptr_t lo, std::uintptr_t hi) { runs.push_back({lo, hi - lo, nullptr, 0}); });
   }
-  d_.backend.drop_backup(d_.device, kept->second);
-  backups_.erase(kept);
+  return runs;
+}
+
+// Points each run that lies whole inside host memory the region holds at it (host, offset), and
+// frees the held memory that no run lies in: it backs up chunks unmapped since, or mapped in
+// other runs now, and pinned host memory is too dear to keep for nothing.
+void DeviceCore::cover(PoolId id, std::vector<HostCopy>& runs) {
+  const auto found = backups_.find(id);
+  if (found == backups_.end()) return;
+  std::vector<HostCopy>& held = found->second.held;
+  std::vector<bool> used(held.size(), false);
+  for (HostCopy& run : runs) {
+    const auto after = place_of(held, run);
+    if (after == held.begin()) continue;
+    const HostCopy& h = *std::prev(after);
+    if (run.device_addr + run.bytes > h.device_addr + h.bytes) continue;
+    run.host = h.host;
+    run.offset = run.device_addr - h.device_addr;
+    used[static_cast<std::size_t>(std::prev(after) - held.begin())] = true;
+  }
+  std::vector<HostCopy> kept;
+  std::vector<HostCopy> unused;
+  for (std::size_t i = 0; i < held.size(); ++i) (used[i] ? kept : unused).push_back(held[i]);
+  d_.backend.drop_backup(d_.device, unused);
+  held = std::move(kept);
 }
 
 std::size_t DeviceCore::drop_backup(PoolId id) {
@@ -71,10 +108,37 @@ std::size_t DeviceCore::drop_backup(PoolId id) {
   const auto kept = backups_.find(id);
   if (pool.paused() || kept == backups_.end()) return 0;
   std::size_t bytes = 0;
-  for (const HostCopy& c : kept->second) bytes += c.bytes;
-  d_.backend.drop_backup(d_.device, kept->second);
+  for (const HostCopy& c : kept->second.held) bytes += c.bytes;
+  d_.backend.drop_backup(d_.device, kept->second.held);
   backups_.erase(kept);
   return bytes;
+}
+
+std::vector<HostCopy> DeviceCore::backup_wanted(PoolId id) {
+  const Pool& pool = region_of(id);
+  if (pool.paused()) return {};
+  std::vector<HostCopy> runs = mapped_runs(pool);
+  cover(id, runs);
+  runs.erase(std::remove_if(runs.begin(), runs.end(), [](const HostCopy& c) { return c.host != nullptr; }), runs.end());
+  return runs;
+}
+
+std::size_t DeviceCore::keep_backup(PoolId id, std::vector<HostCopy>& copies) {
+  region_of(id);
+  std::vector<HostCopy>& held = backups_[id].held;
+  std::vector<HostCopy> spare;
+  std::size_t kept = 0;
+  for (const HostCopy& c : copies) {
+    const bool taken = std::any_of(held.begin(), held.end(), [&](const HostCopy& h) { return overlaps(h, c); });
+    if (taken) {
+      spare.push_back(c);
+    } else {
+      held.insert(place_of(held, c), c);
+      kept += c.bytes;
+    }
+  }
+  d_.backend.drop_backup(d_.device, spare);
+  return kept;
 }
 
 Pool& DeviceCore::region_of(PoolId id) const {
@@ -110,20 +174,23 @@ std::size_t DeviceCore::pause(PoolId id, bool backup) {
   for (const auto& [addr, segment] : d_.segments) {
     if (segment->pool == &pool) segments.push_back(segment.get());
   }
-  if (backup) {  // a copy for each run of adjacent chunks
-    for (Segment* segment : segments) {
-      for_each_run(segment->chunks, segment->chunk,
-                   [&](std::uintptr_t lo, std::uintptr_t hi) { copies.push_back({lo, hi - lo, nullptr}); });
+  if (backup) {  // a copy for each run of adjacent chunks, into the host memory held where it covers the run
+    copies = mapped_runs(pool);
+    cover(id, copies);
+    std::vector<std::size_t> fresh;
+    for (std::size_t i = 0; i < copies.size(); ++i) {
+      if (!copies[i].host) fresh.push_back(i);
     }
-    reuse_backup(id, copies);
-    d_.backend.back_up(d_.device, copies);  // throws having freed what it allocated: nothing changed yet
+    d_.backend.back_up(d_.device, copies);  // throws having freed what it allocated: nothing paused yet
+    std::vector<HostCopy>& held = backups_[id].held;
+    for (std::size_t i : fresh) held.insert(place_of(held, copies[i]), copies[i]);
   }
   std::size_t bytes = 0;
   for (Segment* segment : segments) bytes += sources_.growable.pause(*segment);
   paused_allocated_ += live_bytes_of(pool);
   paused_bytes_ += bytes;
   pool.set_paused(true);
-  if (!copies.empty()) backups_[id] = std::move(copies);
+  if (backup) backups_[id].copied = std::move(copies);
   debug_check();
   return bytes;
 }
@@ -174,14 +241,16 @@ std::optional<std::size_t> DeviceCore::resume(PoolId id, Asking& asking) {
     }
   }
   const auto backup = backups_.find(id);
-  if (backup != backups_.end()) {
+  if (backup != backups_.end() && !backup->second.copied.empty()) {
     try {
-      d_.backend.restore(d_.device, backup->second);
+      d_.backend.restore(d_.device, backup->second.copied);
     } catch (...) {
       for (Segment* segment : segments) sources_.growable.pause(*segment);
       throw;
     }
-    // Kept: the next pause of the same chunks reuses it (pinning host memory costs more than the copy).
+    // The held memory stays: the next pause of the same chunks copies into it (pinning host memory
+    // costs more than the copy).
+    backup->second.copied.clear();
   }
   paused_allocated_ -= live_bytes_of(pool);
   paused_bytes_ -= bytes;

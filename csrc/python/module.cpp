@@ -549,6 +549,10 @@ void bind_process_allocator(py::module_& m) {
   m.def("region_drop_backup", [core](int device, std::uint64_t serial) { return core().device(device).drop_backup(region_id(serial)); },
         py::arg("device"), py::arg("serial"), Release(),
         "Frees the host copy a resumed region kept for its next pause: its bytes (0 if none, or paused).");
+  m.def("region_prepare_backup", [core](int device, std::uint64_t serial) {
+    return core().device(device).prepare_backup(region_id(serial));
+  }, py::arg("device"), py::arg("serial"), Release(),
+        "Pins host memory for the region's next pause now: the bytes pinned (0 if it holds enough, or is paused).");
   m.def("paused_bytes", [core](int device) {
     const DeviceAllocator* d = core().existing(device);
     return py::make_tuple(d ? d->paused_bytes() : 0, d ? d->paused_allocated() : 0);
@@ -596,6 +600,9 @@ void bind_sim_allocator(py::module_& m) {
            py::arg("device"), py::arg("serial"))
       .def("region_drop_backup", [](SimAllocator& s, int device, std::uint64_t serial) {
         return s.device(device).drop_backup(region_id(serial));
+      }, py::arg("device"), py::arg("serial"))
+      .def("region_prepare_backup", [](SimAllocator& s, int device, std::uint64_t serial) {
+        return s.device(device).prepare_backup(region_id(serial));
       }, py::arg("device"), py::arg("serial"))
       .def("malloc_uncached", &SimAllocator::malloc_uncached, py::arg("device"), py::arg("size"),
            "Memory of its own from the device, as while caching is off; free_uncached gives it back.")

@@ -6,7 +6,8 @@
 The package, each layer importing only those below it (tests/python/test_package_layers.py):
 
     gpumem.api         the public functions, exported here (set_limit, enable, stats, ...)
-    gpumem.regions     regions of memory paused and resumed (region, pause, resume, paused, drop_backups)
+    gpumem.regions     regions of memory paused and resumed (region, pause, resume, paused,
+                       prepare_backups, drop_backups)
     gpumem.cli         the `gpumem` command and `python -m gpumem`
     gpumem.sharing     sharing a GPU with other gpumem processes
     gpumem.monitoring  what a process shows of itself: metrics, pressure alerts, the timeline and
@@ -52,7 +53,7 @@ with _invocation.interrupt_exits_quietly():  # Ctrl-C while `python -m gpumem` s
         set_segments,
         stats,
     )
-    from gpumem.regions import drop_backups, pause, paused, region, resume
+    from gpumem.regions import drop_backups, pause, paused, prepare_backups, region, resume
     from gpumem.monitoring import metrics, pressure, publish, published, reporting, timeline, top
     from gpumem.monitoring.metrics import serve_metrics
     from gpumem.monitoring.pressure import on_pressure
@@ -78,6 +79,7 @@ __all__ = [
     "on_pressure",
     "pause",
     "paused",
+    "prepare_backups",
     "region",
     "report",
     "reset_peak_stats",

@@ -99,8 +99,8 @@ def _chosen(tag: Optional[str], device: Device) -> list[tuple[int, int, str]]:
 def pause(tag: Optional[str] = None, device: Device = None) -> int:
     """Gives the memory of region `tag` (every region if None) back to the device: its cache and
     its live tensors' memory, after waiting for the work queued on the device and, for a region
-    made with backup=True, copying their contents to pinned host memory (kept from the region's
-    last pause where it pauses the same memory, see drop_backups). Their addresses stay
+    made with backup=True, copying their contents to pinned host memory (held from the region's
+    last pause or prepare_backups where it covers the same memory, see drop_backups). Their addresses stay
     reserved. With no tag, the process's other cached memory goes back too (empty_cache). Returns the bytes the regions gave
     back; a region paused already gives none. Raises RuntimeError inside a region's block or a
     graph capture (nothing changes)."""
@@ -137,15 +137,35 @@ def resume(tag: Optional[str] = None, device: Device = None) -> int:
 
 
 def drop_backups(tag: Optional[str] = None, device: Device = None) -> int:
-    """Frees the pinned host copy that region `tag` (every region if None) kept after its last
-    resume for its next pause, which then copies to new host memory; a paused region keeps its
-    own (resume copies it back). Returns the bytes freed."""
+    """Frees the pinned host memory that region `tag` (every region if None) holds for its next
+    pause, kept after its last resume or pinned by prepare_backups; that pause then pins new host
+    memory. A paused region keeps its own (resume copies it back). Returns the bytes freed."""
     dropped = 0
     with _lock:
         for index, serial, name in _chosen(tag, device):
             if (index, serial) not in _paused:
                 dropped += _C.region_drop_backup(index, serial)
     return dropped
+
+
+def prepare_backups(tag: Optional[str] = None, device: Device = None) -> int:
+    """Pins host memory now for the next pause of region `tag` (every region made with backup=True
+    if None), enough for every chunk of device memory it has mapped, its cache included: that
+    pause then copies at the link's speed, even the first (pinning new host memory is many times
+    slower than the copy). Memory the region holds already, kept from its last pause or prepared
+    before, is not pinned again; held memory that no longer matches its chunks is freed. The
+    device's allocations go on while it pins, and a thread may run it beside other work. Returns
+    the bytes pinned; 0 for a paused region. Raises ValueError for a region made with
+    backup=False (its pause keeps no copy)."""
+    with _lock:
+        chosen = _chosen(tag, device)
+        if tag is not None and not _backups[tag]:
+            raise ValueError(f"gpumem: region {shown(tag)} was made with backup=False: its pause drops its contents "
+                             "and needs no host memory; prepare a region made with backup=True")
+        chosen = [(index, serial) for index, serial, name in chosen if _backups[name]]
+    # No lock while pinning: pause, resume and the regions' blocks go on (the core keeps what it
+    # pinned only where a pause meanwhile has not backed up the same memory).
+    return sum(_C.region_prepare_backup(index, serial) for index, serial in chosen)
 
 
 def paused(device: Device = None) -> dict[str, int]:

@@ -1,9 +1,12 @@
 // Regions paused and resumed (core/pause.cpp) on the simulated device with virtual memory: a
 // region's memory, live blocks included, goes back to the device and comes back at the same
 // addresses, its contents restored from a backup where one was asked for, under the cap.
+#include <functional>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "helpers.h"
 
@@ -304,4 +307,118 @@ TEST_CASE("an allocator destroyed while a region is paused gives back its addres
   REQUIRE(backend.ledger(0).address_ranges == 0);
   REQUIRE(backend.ledger(0).mapped == 0);
   REQUIRE(backend.ledger(0).host_held == 0);
+}
+
+TEST_CASE("prepare_backup holds host memory for every mapped chunk of a region, and the next pause copies into it", "[pause]") {
+  VmSim sim;
+  sim.alloc.create_region(kRegion);
+  Block* a = in_region(sim, 10 * MiB);
+  Block* b = in_region(sim, 30 * MiB);
+  sim.free(b);  // the region's cache: prepared for too, the pause then gives it back
+  sim.backend.write(0, a->addr + 8 * MiB, 3);
+  const std::size_t mapped = a->segment->mapped();
+
+  REQUIRE(sim.alloc.prepare_backup(kRegion) == mapped);
+  REQUIRE(sim.ledger().host_held == mapped);
+  REQUIRE(sim.ledger().backed_up == 0);  // nothing copied yet
+  REQUIRE(sim.alloc.prepare_backup(kRegion) == 0);  // held already
+
+  const std::size_t paused = sim.alloc.pause(kRegion, true);
+  REQUIRE(paused < mapped);
+  REQUIRE(sim.ledger().backed_up == paused);
+  REQUIRE(sim.ledger().host_held == mapped);  // no new host memory: the run lies inside the prepared one
+  REQUIRE(sim.alloc.prepare_backup(kRegion) == 0);  // paused: its backup holds the contents
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.resume(kRegion) == paused);
+  REQUIRE(sim.backend.read(0, a->addr + 8 * MiB) == std::optional<std::uint64_t>{3});
+  REQUIRE(sim.alloc.drop_backup(kRegion) == mapped);
+  REQUIRE(sim.ledger().host_held == 0);
+  sim.free(a);
+}
+
+TEST_CASE("prepare_backup frees held memory that no longer matches the region's chunks and holds them anew", "[pause]") {
+  VmSim sim;
+  sim.alloc.create_region(kRegion);
+  Block* a = in_region(sim, 10 * MiB);
+  const std::size_t first = sim.alloc.prepare_backup(kRegion);
+  REQUIRE(first == a->segment->mapped());
+  Block* b = in_region(sim, 20 * MiB);  // the region grew beyond what was prepared
+  const std::size_t now = a->segment->mapped() + (b->segment == a->segment ? 0 : b->segment->mapped());
+  REQUIRE(now > first);
+  const std::size_t pinned = sim.alloc.prepare_backup(kRegion);
+  REQUIRE(pinned > 0);
+  REQUIRE(sim.ledger().host_held == now);  // what covers the chunks now, and nothing else
+  sim.backend.write(0, b->addr, 4);
+  const std::size_t backed = sim.ledger().backed_up;
+  sim.alloc.pause(kRegion, true);
+  REQUIRE(sim.ledger().host_held == now);
+  sim.alloc.resume(kRegion);
+  REQUIRE(sim.ledger().backed_up > backed);
+  REQUIRE(sim.backend.read(0, b->addr) == std::optional<std::uint64_t>{4});
+  sim.free(a);
+  sim.free(b);
+}
+
+TEST_CASE("prepare_backup of a region with nothing mapped pins nothing", "[pause]") {
+  VmSim sim;
+  sim.alloc.create_region(kRegion);
+  REQUIRE(sim.alloc.prepare_backup(kRegion) == 0);
+  REQUIRE(sim.ledger().host_held == 0);
+  REQUIRE_THROWS_AS(sim.alloc.prepare_backup(PoolId{7, 7}), std::invalid_argument);  // no pool
+}
+
+namespace {
+
+// A simulated device on which something happens while a backup's host memory is being allocated:
+// the allocator holds no lock then, so another call runs.
+class MeanwhileBackend : public ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  std::function<void()> meanwhile;
+  void allocate_backup(int device, std::vector<HostCopy>& copies) override {
+    if (meanwhile) std::exchange(meanwhile, nullptr)();
+    ForwardingBackend::allocate_backup(device, copies);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a prepare overtaken by a pause keeps none of the memory that pause backed up", "[pause]") {
+  SimBackend sim(kDeviceBytes);
+  sim.enable_virtual_memory(kSimPage);
+  MeanwhileBackend backend(sim);
+  DeviceAllocator alloc(backend, 0, AllocatorConfig{});
+  alloc.create_region(kRegion);
+  alloc.begin_allocate_to_pool(kRegion, all_streams);
+  Block* a = alloc.malloc(10 * MiB, kStream0);
+  alloc.end_allocate_to_pool(kRegion);
+  sim.write(0, a->addr, 6);
+  std::size_t paused = 0;
+  backend.meanwhile = [&] { paused = alloc.pause(kRegion, true); };
+
+  REQUIRE(alloc.prepare_backup(kRegion) == 0);  // the pause's own backup covers the same chunks
+  REQUIRE(paused > 0);
+  REQUIRE(sim.ledger(0).host_held == paused);  // the prepared memory went
+  alloc.check_invariants();
+  REQUIRE(alloc.resume(kRegion) == paused);
+  REQUIRE(sim.read(0, a->addr) == std::optional<std::uint64_t>{6});
+  alloc.free(a);
+}
+
+TEST_CASE("a prepare whose host memory cannot be had raises and leaves the region as it was", "[pause]") {
+  SimBackend sim(kDeviceBytes);
+  sim.enable_virtual_memory(kSimPage);
+  MeanwhileBackend backend(sim);
+  DeviceAllocator alloc(backend, 0, AllocatorConfig{});
+  alloc.create_region(kRegion);
+  alloc.begin_allocate_to_pool(kRegion, all_streams);
+  Block* a = alloc.malloc(10 * MiB, kStream0);
+  alloc.end_allocate_to_pool(kRegion);
+  backend.meanwhile = [] { throw std::runtime_error("gpumem: no host memory"); };
+  REQUIRE_THROWS_WITH(alloc.prepare_backup(kRegion), "gpumem: no host memory");
+  REQUIRE(sim.ledger(0).host_held == 0);
+  const std::size_t paused = alloc.pause(kRegion, true);  // backs up as if never prepared
+  REQUIRE(sim.ledger(0).host_held == paused);
+  alloc.resume(kRegion);
+  alloc.free(a);
 }

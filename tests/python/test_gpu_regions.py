@@ -87,6 +87,40 @@ def test_without_a_backup_the_memory_comes_back_usable(run_python):
     assert r["paused"] >= 256 << 20 and r["sum"] == 3000
 
 
+def test_a_prepared_region_pauses_into_the_memory_prepared_and_comes_back_the_same(run_python):
+    r = run_python(
+        """
+        import threading
+        with gpumem.region("weights", backup=True):
+            weights = torch.randn(64 << 20, device="cuda")  # 256 MiB
+            scratch = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        del scratch  # the region's cache: prepared for too
+        with gpumem.region("kv"):
+            kv = torch.zeros(64 << 20, dtype=torch.uint8, device="cuda")
+        keep = weights.cpu()
+        got = []
+        pinning = threading.Thread(target=lambda: got.append(gpumem.prepare_backups()))
+        pinning.start()  # every region with a backup, beside other work
+        other = torch.ones(32 << 20, device="cuda") * 2
+        pinning.join()
+        try:
+            gpumem.prepare_backups("kv")
+            refused = ""
+        except ValueError as error:
+            refused = str(error)
+        paused = gpumem.pause("weights")
+        gpumem.resume("weights")
+        print(json.dumps({"prepared": got[0], "again": gpumem.prepare_backups("weights"), "paused": paused,
+                          "same": torch.equal(weights.cpu(), keep), "other": float(other[-1]), "refused": refused,
+                          "dropped": gpumem.drop_backups("weights")}))
+        """
+    )
+    assert r["again"] == 0  # held: the pause copied into it and kept it
+    assert 256 << 20 <= r["paused"] <= r["prepared"] and r["same"] and r["other"] == 2.0
+    assert r["dropped"] == r["prepared"]  # the memory held is what was prepared, nothing more
+    assert "region 'kv' was made with backup=False" in r["refused"]
+
+
 def test_a_paused_region_refuses_allocations_and_pausing_inside_a_region_is_refused(run_python):
     r = run_python(
         """

@@ -21,7 +21,7 @@ def test_a_bad_backup_is_refused():
             pass
 
 
-@pytest.mark.parametrize("call", [gpumem.pause, gpumem.resume])
+@pytest.mark.parametrize("call", [gpumem.pause, gpumem.resume, gpumem.prepare_backups, gpumem.drop_backups])
 def test_an_unknown_region_is_named_with_the_regions_there_are(call):
     with pytest.raises(ValueError, match=r"no region 'nowhere': regions are made by .* \(made so far: none yet\)"):
         call("nowhere")
@@ -33,6 +33,7 @@ def test_with_no_region_pause_and_resume_of_everything_change_nothing(monkeypatc
     emptied = []
     monkeypatch.setattr("torch.cuda.empty_cache", lambda: emptied.append(True))
     assert gpumem.resume() == 0
+    assert gpumem.prepare_backups() == 0
     assert gpumem.pause() == 0
     assert emptied == [True]  # pause() of everything gives back the other cache too
     assert gpumem.paused() == {}
