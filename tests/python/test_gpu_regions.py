@@ -117,7 +117,7 @@ def test_a_prepared_region_pauses_into_the_memory_prepared_and_comes_back_the_sa
     )
     assert r["again"] == 0  # held: the pause copied into it and kept it
     assert 256 << 20 <= r["paused"] <= r["prepared"] and r["same"] and r["other"] == 2.0
-    assert r["dropped"] == r["prepared"]  # the memory held is what was prepared, nothing more
+    assert r["paused"] <= r["dropped"] <= r["prepared"]  # held: what the pause copied, inside what was prepared
     assert "region 'kv' was made with backup=False" in r["refused"]
 
 
