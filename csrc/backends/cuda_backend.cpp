@@ -389,34 +389,25 @@ void free_host(void* host, std::size_t bytes, Pinned pinned) noexcept {
 }
 
 // New host memory for the ranges that have none, mapped at once and pinned in pieces by a
-// PiecePinning's threads. free() gives back what it mapped and stops the pinning.
+// PiecePinning's threads. free() gives back what it mapped and stops the pinning; a throw from
+// the constructor has done so. `what`: the work it is for, for the error.
 class FreshHost {
  public:
-  FreshHost(int device, std::vector<HostCopy>& copies) : copies_(copies) {
-    for (std::size_t i = 0; i < copies.size(); ++i) {
-      HostCopy& c = copies[i];
-      if (c.host) continue;  // held already
-      void* host = mmap(nullptr, c.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-      if (host == MAP_FAILED) {
-        const int error = errno;
-        free();
-        throw std::runtime_error("gpumem: cannot back up a paused region: host memory for " + std::to_string(c.bytes) +
-                                 " bytes could not be mapped (" + std::strerror(error) + ")");
+  FreshHost(int device, std::vector<HostCopy>& copies, const char* what) : copies_(copies) {
+    try {
+      for (std::size_t i = 0; i < copies.size(); ++i) {
+        if (!copies[i].host) map(i, what);  // else held already
       }
-      madvise(host, c.bytes, MADV_HUGEPAGE);  // fewer pages to fault and pin where the kernel has huge pages
-      c.host = host;
-      c.offset = 0;
-      first_piece_.emplace(i, pieces_.size());
-      for (std::size_t at = 0; at < c.bytes; at += kPinPiece) {
-        pieces_.push_back({static_cast<char*>(host) + at, std::min(kPinPiece, c.bytes - at)});
-      }
+      pinning_.emplace(pieces_.size(), pin_threads(), [this, device](std::size_t k) {
+        cudaError_t status = cudaSetDevice(device);  // a thread of the pinning's own, or this one
+        if (status == cudaSuccess) status = cudaHostRegister(pieces_[k].at, pieces_[k].bytes, cudaHostRegisterPortable);
+        if (status != cudaSuccess) cudaGetLastError();
+        return static_cast<int>(status);
+      });
+    } catch (...) {
+      free();
+      throw;
     }
-    pinning_.emplace(pieces_.size(), pin_threads(), [this, device](std::size_t k) {
-      cudaError_t status = cudaSetDevice(device);  // a thread of the pinning's own, or this one
-      if (status == cudaSuccess) status = cudaHostRegister(pieces_[k].at, pieces_[k].bytes, cudaHostRegisterPortable);
-      if (status != cudaSuccess) cudaGetLastError();
-      return static_cast<int>(status);
-    });
   }
   FreshHost(const FreshHost&) = delete;
   FreshHost& operator=(const FreshHost&) = delete;
@@ -441,6 +432,29 @@ class FreshHost {
     char* at;
     std::size_t bytes;
   };
+
+  void map(std::size_t i, const char* what) {
+    HostCopy& c = copies_[i];
+    void* host = mmap(nullptr, c.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (host == MAP_FAILED) {
+      const int error = errno;
+      throw std::runtime_error(std::string("gpumem: cannot ") + what + ": host memory for " + std::to_string(c.bytes) +
+                               " bytes could not be mapped (" + std::strerror(error) + ")");
+    }
+    try {
+      first_piece_.emplace(i, pieces_.size());  // owned from here: free() unmaps it
+    } catch (...) {
+      munmap(host, c.bytes);
+      throw;
+    }
+    c.host = host;
+    c.offset = 0;
+    madvise(host, c.bytes, MADV_HUGEPAGE);  // fewer pages to fault and pin where the kernel has huge pages
+    for (std::size_t at = 0; at < c.bytes; at += kPinPiece) {
+      pieces_.push_back({static_cast<char*>(host) + at, std::min(kPinPiece, c.bytes - at)});
+    }
+  }
+
   std::vector<HostCopy>& copies_;
   std::map<std::size_t, std::size_t> first_piece_;  // copy index -> its first piece in pieces_
   std::vector<Piece> pieces_;
@@ -496,7 +510,7 @@ void copy_all(const std::vector<HostCopy>& copies, bool to_host, FreshHost* fres
 
 void CudaBackend::back_up(int device, std::vector<HostCopy>& copies) {
   DeviceScope scope(device);
-  FreshHost fresh(device, copies);
+  FreshHost fresh(device, copies, "back up a paused region");
   try {
     copy_all(copies, true, &fresh);
   } catch (...) {
@@ -507,7 +521,7 @@ void CudaBackend::back_up(int device, std::vector<HostCopy>& copies) {
 
 void CudaBackend::allocate_backup(int device, std::vector<HostCopy>& copies) {
   DeviceScope scope(device);
-  FreshHost fresh(device, copies);
+  FreshHost fresh(device, copies, "prepare a region's backup");
   for (std::size_t k = 0; k < fresh.pieces(); ++k) {
     const int pinned = fresh.pinning().wait_for(k);
     if (pinned != 0) {

@@ -153,7 +153,7 @@ class DeviceCore {
   // memory it holds covers (none while paused), its held memory that covers none of them freed;
   // their host memory allocated; and that memory kept for the region, each range where no held
   // range overlaps it (a pause meanwhile may have made its own), the rest freed. keep_backup
-  // returns the bytes kept.
+  // returns the bytes kept (none where the region was paused meanwhile).
   std::vector<HostCopy> backup_wanted(PoolId id);
   void allocate_backup(std::vector<HostCopy>& copies) { d_.backend.allocate_backup(d_.device, copies); }  // with no lock held
   std::size_t keep_backup(PoolId id, std::vector<HostCopy>& copies);

@@ -80,26 +80,40 @@ std::vector<HostCopy> DeviceCore::mapped_runs(const Pool& pool) const {
 }
 
 // Points each run that lies whole inside host memory the region holds at it (host, offset), and
-// frees the held memory that no run lies in: it backs up chunks unmapped since, or mapped in
-// other runs now, and pinned host memory is too dear to keep for nothing.
+// frees the held memory that no run lies in (it backs up chunks unmapped since, and pinned host
+// memory is too dear to keep for nothing) or that a run not inside it overlaps (that run gets
+// memory of its own, and held ranges stay disjoint); the runs it held get memory of their own too.
 void DeviceCore::cover(PoolId id, std::vector<HostCopy>& runs) {
   const auto found = backups_.find(id);
   if (found == backups_.end()) return;
   std::vector<HostCopy>& held = found->second.held;
+  const auto index_of = [&](std::vector<HostCopy>::iterator it) { return static_cast<std::size_t>(it - held.begin()); };
+  std::vector<std::size_t> holder(runs.size(), held.size());  // per run: the held range it lies in, if any
   std::vector<bool> used(held.size(), false);
-  for (HostCopy& run : runs) {
-    const auto after = place_of(held, run);
-    if (after == held.begin()) continue;
-    const HostCopy& h = *std::prev(after);
-    if (run.device_addr + run.bytes > h.device_addr + h.bytes) continue;
-    run.host = h.host;
-    run.offset = run.device_addr - h.device_addr;
-    used[static_cast<std::size_t>(std::prev(after) - held.begin())] = true;
+  std::vector<bool> overlapped(held.size(), false);
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const HostCopy& run = runs[r];
+    auto it = place_of(held, run);
+    if (it != held.begin() && std::prev(it)->device_addr + std::prev(it)->bytes >= run.device_addr + run.bytes) {
+      holder[r] = index_of(std::prev(it));
+      used[holder[r]] = true;
+      continue;
+    }
+    if (it != held.begin()) --it;
+    for (; it != held.end() && it->device_addr < run.device_addr + run.bytes; ++it) {
+      if (overlaps(*it, run)) overlapped[index_of(it)] = true;
+    }
+  }
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const std::size_t h = holder[r];
+    if (h == held.size() || overlapped[h]) continue;
+    runs[r].host = held[h].host;
+    runs[r].offset = runs[r].device_addr - held[h].device_addr;
   }
   std::vector<HostCopy> kept;
-  std::vector<HostCopy> unused;
-  for (std::size_t i = 0; i < held.size(); ++i) (used[i] ? kept : unused).push_back(held[i]);
-  d_.backend.drop_backup(d_.device, unused);
+  std::vector<HostCopy> spare;
+  for (std::size_t i = 0; i < held.size(); ++i) (used[i] && !overlapped[i] ? kept : spare).push_back(held[i]);
+  d_.backend.drop_backup(d_.device, spare);
   held = std::move(kept);
 }
 
@@ -124,12 +138,12 @@ std::vector<HostCopy> DeviceCore::backup_wanted(PoolId id) {
 }
 
 std::size_t DeviceCore::keep_backup(PoolId id, std::vector<HostCopy>& copies) {
-  region_of(id);
+  const bool paused = region_of(id).paused();  // paused meanwhile: its pause made what it needs
   std::vector<HostCopy>& held = backups_[id].held;
   std::vector<HostCopy> spare;
   std::size_t kept = 0;
   for (const HostCopy& c : copies) {
-    const bool taken = std::any_of(held.begin(), held.end(), [&](const HostCopy& h) { return overlaps(h, c); });
+    const bool taken = paused || std::any_of(held.begin(), held.end(), [&](const HostCopy& h) { return overlaps(h, c); });
     if (taken) {
       spare.push_back(c);
     } else {

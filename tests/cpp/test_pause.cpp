@@ -346,7 +346,7 @@ TEST_CASE("prepare_backup frees held memory that no longer matches the region's 
   const std::size_t now = a->segment->mapped() + (b->segment == a->segment ? 0 : b->segment->mapped());
   REQUIRE(now > first);
   const std::size_t pinned = sim.alloc.prepare_backup(kRegion);
-  REQUIRE(pinned > 0);
+  REQUIRE(pinned == (b->segment == a->segment ? now : now - first));  // one longer run, or a run of its own
   REQUIRE(sim.ledger().host_held == now);  // what covers the chunks now, and nothing else
   sim.backend.write(0, b->addr, 4);
   const std::size_t backed = sim.ledger().backed_up;
@@ -365,6 +365,39 @@ TEST_CASE("prepare_backup of a region with nothing mapped pins nothing", "[pause
   REQUIRE(sim.alloc.prepare_backup(kRegion) == 0);
   REQUIRE(sim.ledger().host_held == 0);
   REQUIRE_THROWS_AS(sim.alloc.prepare_backup(PoolId{7, 7}), std::invalid_argument);  // no pool
+}
+
+TEST_CASE("a pause copies a run at its offset inside held memory; a run reaching past held memory frees it", "[pause]") {
+  VmSim sim;
+  sim.alloc.create_region(kRegion);
+  Block* a = in_region(sim, 4 * MiB);
+  Block* b = in_region(sim, 16 * MiB);
+  Block* c = in_region(sim, 4 * MiB);
+  REQUIRE(c->addr == a->addr + 20 * MiB);  // one run: a, b, c
+  sim.free(b);
+  const std::size_t prepared = sim.alloc.prepare_backup(kRegion);
+  REQUIRE(prepared == 24 * MiB);
+  sim.backend.write(0, c->addr, 8);
+
+  // b's chunks go at the pause: two runs, c's 20 MiB into the held memory.
+  REQUIRE(sim.alloc.pause(kRegion, true) == 8 * MiB);
+  REQUIRE(sim.ledger().host_held == prepared);
+  sim.alloc.resume(kRegion);
+  REQUIRE(sim.backend.read(0, c->addr) == std::optional<std::uint64_t>{8});
+
+  // d lies past c, in a run (c, d) reaching past the held memory: that run gets memory of its own,
+  // and the held memory, overlapped, goes with a's run in it (which gets its own too).
+  Block* d = in_region(sim, 20 * MiB);
+  REQUIRE(d->addr == c->addr + 4 * MiB);
+  sim.backend.write(0, d->addr, 9);
+  const std::size_t paused = sim.alloc.pause(kRegion, true);
+  REQUIRE(paused == 28 * MiB);
+  REQUIRE(sim.ledger().host_held == paused);  // disjoint: no byte held twice
+  sim.alloc.check_invariants();
+  sim.alloc.resume(kRegion);
+  REQUIRE(sim.backend.read(0, c->addr) == std::optional<std::uint64_t>{8});
+  REQUIRE(sim.backend.read(0, d->addr) == std::optional<std::uint64_t>{9});
+  for (Block* block : {a, c, d}) sim.free(block);
 }
 
 namespace {
