@@ -5,7 +5,8 @@
 
 One process, gpumem enabled. A region with a backup holds GIB of live tensors (weights, an
 optimizer-like state, a KV-cache-like buffer, in 8:4:4 parts) and a CUDA graph captured over them;
-it is paused and resumed three times. Printed, one JSON line each:
+the process is paused (gpumem.pause(): every region and the other cache) and resumed three times.
+Printed, one JSON line each:
   - pinned: torch's copies of one pinned host tensor of 4 GiB to and from the device, GiB/s, and
     the rate at which new host memory was pinned for it (pin_new);
   - backup: each cycle's pause and resume, seconds and GiB/s over the backed-up bytes, and the
