@@ -414,44 +414,44 @@ class MeanwhileBackend : public ForwardingBackend {
   }
 };
 
+// A region holding one block of 10 MiB, on a MeanwhileBackend.
+struct MeanwhileRegion {
+  SimBackend sim{kDeviceBytes};
+  MeanwhileBackend backend{Sim::with_pages(sim, kSimPage)};
+  DeviceAllocator alloc{backend, 0, AllocatorConfig{}};
+  Block* block = nullptr;
+
+  MeanwhileRegion() {
+    alloc.create_region(kRegion);
+    alloc.begin_allocate_to_pool(kRegion, all_streams);
+    block = alloc.malloc(10 * MiB, kStream0);
+    alloc.end_allocate_to_pool(kRegion);
+  }
+  ~MeanwhileRegion() { alloc.free(block); }
+};
+
 }  // namespace
 
 TEST_CASE("a prepare overtaken by a pause keeps none of the memory that pause backed up", "[pause]") {
-  SimBackend sim(kDeviceBytes);
-  sim.enable_virtual_memory(kSimPage);
-  MeanwhileBackend backend(sim);
-  DeviceAllocator alloc(backend, 0, AllocatorConfig{});
-  alloc.create_region(kRegion);
-  alloc.begin_allocate_to_pool(kRegion, all_streams);
-  Block* a = alloc.malloc(10 * MiB, kStream0);
-  alloc.end_allocate_to_pool(kRegion);
-  sim.write(0, a->addr, 6);
+  MeanwhileRegion r;
+  r.sim.write(0, r.block->addr, 6);
   std::size_t paused = 0;
-  backend.meanwhile = [&] { paused = alloc.pause(kRegion, true); };
+  r.backend.meanwhile = [&] { paused = r.alloc.pause(kRegion, true); };
 
-  REQUIRE(alloc.prepare_backup(kRegion) == 0);  // the pause's own backup covers the same chunks
+  REQUIRE(r.alloc.prepare_backup(kRegion) == 0);  // the pause's own backup covers the same chunks
   REQUIRE(paused > 0);
-  REQUIRE(sim.ledger(0).host_held == paused);  // the prepared memory went
-  alloc.check_invariants();
-  REQUIRE(alloc.resume(kRegion) == paused);
-  REQUIRE(sim.read(0, a->addr) == std::optional<std::uint64_t>{6});
-  alloc.free(a);
+  REQUIRE(r.sim.ledger(0).host_held == paused);  // the prepared memory went
+  r.alloc.check_invariants();
+  REQUIRE(r.alloc.resume(kRegion) == paused);
+  REQUIRE(r.sim.read(0, r.block->addr) == std::optional<std::uint64_t>{6});
 }
 
 TEST_CASE("a prepare whose host memory cannot be had raises and leaves the region as it was", "[pause]") {
-  SimBackend sim(kDeviceBytes);
-  sim.enable_virtual_memory(kSimPage);
-  MeanwhileBackend backend(sim);
-  DeviceAllocator alloc(backend, 0, AllocatorConfig{});
-  alloc.create_region(kRegion);
-  alloc.begin_allocate_to_pool(kRegion, all_streams);
-  Block* a = alloc.malloc(10 * MiB, kStream0);
-  alloc.end_allocate_to_pool(kRegion);
-  backend.meanwhile = [] { throw std::runtime_error("gpumem: no host memory"); };
-  REQUIRE_THROWS_WITH(alloc.prepare_backup(kRegion), "gpumem: no host memory");
-  REQUIRE(sim.ledger(0).host_held == 0);
-  const std::size_t paused = alloc.pause(kRegion, true);  // backs up as if never prepared
-  REQUIRE(sim.ledger(0).host_held == paused);
-  alloc.resume(kRegion);
-  alloc.free(a);
+  MeanwhileRegion r;
+  r.backend.meanwhile = [] { throw std::runtime_error("gpumem: no host memory"); };
+  REQUIRE_THROWS_WITH(r.alloc.prepare_backup(kRegion), "gpumem: no host memory");
+  REQUIRE(r.sim.ledger(0).host_held == 0);
+  const std::size_t paused = r.alloc.pause(kRegion, true);  // backs up as if never prepared
+  REQUIRE(r.sim.ledger(0).host_held == paused);
+  r.alloc.resume(kRegion);
 }
