@@ -37,3 +37,23 @@ def test_with_no_region_pause_and_resume_of_everything_change_nothing(monkeypatc
     assert gpumem.pause() == 0
     assert emptied == [True]  # pause() of everything gives back the other cache too
     assert gpumem.paused() == {}
+
+
+def test_the_core_holds_what_prepare_pinned_for_the_pause_and_keeps_it_after_the_resume():
+    """The calls prepare_backups and drop_backups make, on the simulated device (the GPU's own
+    are tests/python/test_gpu_regions.py's)."""
+    from gpumem import _C
+    MiB = 1 << 20
+    sim = _C.SimAllocator(1 << 30, page_size=2 * MiB)
+    sim.region_create(0, 1)
+    sim.region_begin(0, 1)
+    block = sim.malloc(0, 100 * MiB)
+    sim.region_end(0, 1)
+    prepared = sim.region_prepare_backup(0, 1)
+    assert prepared >= 100 * MiB
+    assert sim.region_prepare_backup(0, 1) == 0  # held already
+    paused = sim.region_pause(0, 1, True)
+    assert sim.region_prepare_backup(0, 1) == 0 and sim.region_drop_backup(0, 1) == 0  # paused: the backup is in use
+    assert sim.region_resume(0, 1) == paused
+    assert sim.region_drop_backup(0, 1) == prepared  # the pause copied into what was prepared, nothing more
+    sim.free(block)
