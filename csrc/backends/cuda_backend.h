@@ -44,7 +44,7 @@ class CudaBackend : public Backend {
 
   // A paused region's backup: host memory per range, mapped and pinned (cudaHostRegister) in pieces
   // by several threads while the copies of the pieces pinned already run, queued in pieces on two
-  // streams of their own and waited for (cuda_backend.cpp, "Backups of paused regions").
+  // streams of their own and waited for (backends/cuda_backups.cpp).
   void back_up(int device, std::vector<HostCopy>& copies) override;
   void allocate_backup(int device, std::vector<HostCopy>& copies) override;
   void restore(int device, const std::vector<HostCopy>& copies) override;

@@ -1,7 +1,7 @@
 // Pieces of new host memory pinned by a few threads, in order, while the caller waits for each in
 // turn and copies into those pinned already (the CUDA backend's backups of paused regions:
-// backends/cuda_backend.cpp, "Backups of paused regions"). Pinning new memory runs far below the
-// copies, so the threads keep ahead of them. The pinning itself is a function given, so that the
+// backends/cuda_backups.cpp). Pinning new memory runs far below the copies, so the threads keep
+// ahead of them. The pinning itself is a function given, so that the
 // threading is tested without a GPU (tests/cpp/test_piece_pinning.cpp).
 #pragma once
 
