@@ -32,9 +32,11 @@
 // memory no run lies in; drop_backup or the allocator's end frees the rest. Blocks freed while
 // paused come back as cached memory, which the next release gives back.
 #include <algorithm>
+#include <iterator>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "core/device_core.h"
 
@@ -62,8 +64,14 @@ std::vector<HostCopy>::iterator place_of(std::vector<HostCopy>& held, const Host
                           [](std::uintptr_t addr, const HostCopy& h) { return addr < h.device_addr; });
 }
 
-bool overlaps(const HostCopy& a, const HostCopy& b) {
-  return a.device_addr < b.device_addr + b.bytes && b.device_addr < a.device_addr + a.bytes;
+// The held ranges `c` overlaps, [first, last).
+std::pair<std::vector<HostCopy>::iterator, std::vector<HostCopy>::iterator> overlapping(std::vector<HostCopy>& held,
+                                                                                        const HostCopy& c) {
+  const std::uintptr_t end = c.device_addr + c.bytes;
+  auto first = place_of(held, c);
+  if (first != held.begin() && std::prev(first)->device_addr + std::prev(first)->bytes > c.device_addr) --first;
+  const auto last = std::lower_bound(first, held.end(), end, [](const HostCopy& h, std::uintptr_t at) { return h.device_addr < at; });
+  return {first, last};
 }
 
 }  // namespace
@@ -93,15 +101,14 @@ void DeviceCore::cover(PoolId id, std::vector<HostCopy>& runs) {
   std::vector<bool> overlapped(held.size(), false);
   for (std::size_t r = 0; r < runs.size(); ++r) {
     const HostCopy& run = runs[r];
-    auto it = place_of(held, run);
-    if (it != held.begin() && std::prev(it)->device_addr + std::prev(it)->bytes >= run.device_addr + run.bytes) {
-      holder[r] = index_of(std::prev(it));
+    const auto [first, last] = overlapping(held, run);
+    const bool inside = last - first == 1 && first->device_addr <= run.device_addr &&
+                        run.device_addr + run.bytes <= first->device_addr + first->bytes;
+    if (inside) {
+      holder[r] = index_of(first);
       used[holder[r]] = true;
-      continue;
-    }
-    if (it != held.begin()) --it;
-    for (; it != held.end() && it->device_addr < run.device_addr + run.bytes; ++it) {
-      if (overlaps(*it, run)) overlapped[index_of(it)] = true;
+    } else {
+      for (auto it = first; it != last; ++it) overlapped[index_of(it)] = true;
     }
   }
   for (std::size_t r = 0; r < runs.size(); ++r) {
@@ -143,7 +150,8 @@ std::size_t DeviceCore::keep_backup(PoolId id, std::vector<HostCopy>& copies) {
   std::vector<HostCopy> spare;
   std::size_t kept = 0;
   for (const HostCopy& c : copies) {
-    const bool taken = paused || std::any_of(held.begin(), held.end(), [&](const HostCopy& h) { return overlaps(h, c); });
+    const auto [first, last] = overlapping(held, c);
+    const bool taken = paused || first != last;
     if (taken) {
       spare.push_back(c);
     } else {
