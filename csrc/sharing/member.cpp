@@ -202,7 +202,7 @@ void ShareClient::follow_now() {
       publish(j);
       given_back_.fetch_add(host_.give_back(wanted), std::memory_order_relaxed);
     }
-    asks_served_.fetch_add(1, std::memory_order_release);  // after given_back_: status() reads them so
+    asks_served_.fetch_add(1, std::memory_order_release);  // a reader that sees it counted sees given_back_
   }
   publish(j);
   refresh_ceiling(j);
@@ -427,7 +427,7 @@ ShareStatus ShareClient::status() {
   const std::vector<SlotCopy> copies = forked() ? std::vector<SlotCopy>{} : others(joined());
   s.floor_short = shortfall(s.floor, unaccounted_.load(std::memory_order_relaxed), tally_of(copies));
   s.asks_made = asks_made_.load(std::memory_order_relaxed);
-  s.asks_served = asks_served_.load(std::memory_order_acquire);  // first: given_back_ then holds its answers
+  s.asks_served = asks_served_.load(std::memory_order_acquire);  // before given_back_ (follow_now)
   s.given_back = given_back_.load(std::memory_order_relaxed);
   s.asks_timed_out = asks_timed_out_.load(std::memory_order_relaxed);
   {

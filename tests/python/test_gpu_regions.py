@@ -3,8 +3,6 @@ device and comes back at the same addresses, contents and captured graphs intact
 
 Each test runs in a fresh process (see run_python); sizes follow the device's memory.
 """
-import time
-
 import pytest
 import torch
 
@@ -244,6 +242,7 @@ for command in sys.stdin:
 def test_a_resume_on_a_device_a_sharing_neighbour_filled_asks_it_for_its_cache(tmp_path):
     import sys
     from test_gpu_sharing import PROGRAM, Program, environment
+    from test_sharing_processes import wait_for
     run_dir = str(tmp_path / "run")
     pauser = Program([sys.executable, "-m", "gpumem", "run", "--share", "--", sys.executable, "-c", PAUSER],
                      environment(run_dir))
@@ -258,12 +257,9 @@ def test_a_resume_on_a_device_a_sharing_neighbour_filled_asks_it_for_its_cache(t
         resumed = pauser.ask("resume")
         assert resumed.get("resumed") == paused["paused"] and resumed["same"], resumed
         assert resumed["sharing"]["asks_made"] > paused["sharing"]["asks_made"], resumed
+        # The neighbour counts what it gave back a moment after the memory went.
+        wait_for(lambda: neighbour.ask("figures")["sharing"]["given_back"] > 0)
         after = neighbour.ask("figures")
-        for _ in range(100):  # the neighbour counts what it gave back a moment after the memory went
-            if after["sharing"]["given_back"] > 0:
-                break
-            time.sleep(0.05)
-            after = neighbour.ask("figures")
         assert after["sharing"]["given_back"] > 0, after
         assert after["reserved"] < grown["reserved"]
     finally:
